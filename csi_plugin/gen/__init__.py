@@ -1,0 +1,1 @@
+"""Generated gRPC stubs (see protos/compile.py). Do not edit."""

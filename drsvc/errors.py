@@ -1,0 +1,146 @@
+"""The one domain error tree.
+
+Every failure the core reports is a subclass of :class:`DrsvcError`. Each class
+names a condition; the edges (gRPC, CLI, Celery) map the *category* base
+classes to their own codes in one table each. Messages are built from a
+template and keyword fields so they stay human and never contain secrets.
+"""
+from __future__ import annotations
+
+
+class DrsvcError(Exception):
+    """Base of every domain error."""
+
+    template = "drsvc error"
+
+    def __init__(self, message: str | None = None, **fields):
+        self.fields = fields
+        if message is None:
+            try:
+                message = self.template.format(**fields)
+            except (KeyError, IndexError):
+                message = self.template
+        self.message = message
+        super().__init__(message)
+
+
+# -- categories (mapped at the edges) -------------------------------------
+class InvalidInput(DrsvcError):
+    template = "invalid argument"
+
+
+class NotFound(DrsvcError):
+    template = "not found"
+
+
+class Conflict(DrsvcError):
+    """An object exists under that name with incompatible properties."""
+    template = "already exists with different properties"
+
+
+class OutOfRange(DrsvcError):
+    template = "out of range"
+
+
+class PreconditionFailed(DrsvcError):
+    template = "precondition failed"
+
+
+class OperationInProgress(DrsvcError):
+    template = "an operation is already in progress for {key}"
+
+
+class ResourceExhausted(DrsvcError):
+    template = "resource exhausted"
+
+
+class Unauthenticated(DrsvcError):
+    template = "invalid or missing credentials"
+
+
+class Unavailable(DrsvcError):
+    """A transient condition: retrying later may succeed."""
+    template = "temporarily unavailable"
+
+
+class Unsupported(DrsvcError):
+    template = "not supported"
+
+
+class InternalError(DrsvcError):
+    template = "internal error"
+
+
+# -- conditions -------------------------------------------------------------
+class InvalidName(InvalidInput):
+    template = "invalid {what} {value!r}: {reason}"
+
+
+class MissingField(InvalidInput):
+    template = "{field} is required"
+
+
+class InvalidParameter(InvalidInput):
+    template = "parameter {key!r}: {reason}"
+
+
+class UnsupportedCapability(InvalidInput):
+    template = "unsupported volume capability: {reason}"
+
+
+class VolumeNotFound(NotFound):
+    template = "volume {volume_id!r} does not exist"
+
+
+class SnapshotNotFound(NotFound):
+    template = "snapshot {snapshot_id!r} does not exist"
+
+
+class GroupNotFound(NotFound):
+    template = "volume group {group_id!r} does not exist"
+
+
+class VolumeExists(Conflict):
+    template = "volume named {name!r} exists with different properties: {reason}"
+
+
+class SnapshotExists(Conflict):
+    template = "snapshot named {name!r} exists for a different source volume"
+
+
+class CapacityOutOfRange(OutOfRange):
+    template = "capacity {reason}"
+
+
+class VolumeInUse(PreconditionFailed):
+    template = "volume {volume_id!r} is in use: {reason}"
+
+
+class PoolFull(ResourceExhausted):
+    template = "pool has {free} bytes free, {needed} needed"
+
+
+class BadPageToken(DrsvcError):
+    """Mapped to ABORTED by CSI (the spec's code for an invalid starting_token)."""
+    template = "invalid starting token {token!r}"
+
+
+class CommandFailed(InternalError):
+    """A process started by drsvc.runner failed; carries the stderr tail."""
+    template = "{cmd} failed with exit code {rc}: {stderr}"
+
+    def __init__(self, argv, rc, stderr_tail):
+        self.argv = list(argv)
+        self.rc = rc
+        self.stderr_tail = stderr_tail
+        super().__init__(cmd=self.argv[0], rc=rc, stderr=stderr_tail.strip() or "(no stderr)")
+
+
+class CommandTimeout(CommandFailed):
+    def __init__(self, argv, timeout, stderr_tail=""):
+        self.timeout = timeout
+        super().__init__(argv, -1, f"timed out after {timeout}s {stderr_tail}".strip())
+
+
+class CorruptMetadata(InternalError):
+    template = "metadata file {path} is unreadable: {reason}"

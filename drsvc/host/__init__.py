@@ -1,0 +1,1 @@
+"""Typed wrappers over host facilities: loop devices, filesystems, mounts, reflink."""

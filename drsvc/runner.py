@@ -1,0 +1,49 @@
+"""The only module that starts processes.
+
+Commands are argv lists (never a shell), always have a timeout, and failures
+raise :class:`~drsvc.errors.CommandFailed` with the tail of stderr.
+"""
+from __future__ import annotations
+
+import logging
+import subprocess
+from dataclasses import dataclass
+
+from .errors import CommandFailed, CommandTimeout
+
+log = logging.getLogger(__name__)
+STDERR_TAIL = 2000
+DEFAULT_TIMEOUT = 120.0
+
+
+@dataclass(frozen=True)
+class Result:
+    argv: tuple
+    rc: int
+    stdout: str
+    stderr: str
+
+
+def run(argv, *, timeout: float = DEFAULT_TIMEOUT, check: bool = True,
+        ok_codes=(0,), input: str | None = None, env=None) -> Result:
+    argv = [str(a) for a in argv]
+    log.debug("run %s", argv)
+    try:
+        p = subprocess.run(argv, input=input, capture_output=True, text=True,
+                           timeout=timeout, env=env, close_fds=True)
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        raise CommandTimeout(argv, timeout, err[-STDERR_TAIL:]) from None
+    except FileNotFoundError:
+        raise CommandFailed(argv, 127, f"{argv[0]}: command not found") from None
+    if check and p.returncode not in ok_codes:
+        raise CommandFailed(argv, p.returncode, (p.stderr or p.stdout)[-STDERR_TAIL:])
+    return Result(tuple(argv), p.returncode, p.stdout, p.stderr)
+
+
+def spawn(argv, *, env=None, stdout=None, stderr=None, cwd=None) -> subprocess.Popen:
+    """Start a long-running service process (sshd, redis, workers); the caller owns it."""
+    argv = [str(a) for a in argv]
+    log.debug("spawn %s", argv)
+    return subprocess.Popen(argv, env=env, stdout=stdout, stderr=stderr, cwd=cwd,
+                            close_fds=True, start_new_session=True)
