@@ -1,0 +1,1 @@
+"""gRPC edge of drsvc: CSI and CSI-Addons servicers over the drsvc core."""

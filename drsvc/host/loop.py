@@ -1,0 +1,55 @@
+"""Loop devices. Attach is one `losetup --find --show` call (no find-then-attach race)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .. import runner
+
+SYS_BLOCK = Path("/sys/block")
+
+
+def _backing_file(dev_name: str) -> str | None:
+    try:
+        text = (SYS_BLOCK / dev_name / "loop" / "backing_file").read_text().strip()
+    except OSError:
+        return None
+    return text
+
+
+def find_attached(image: Path) -> str | None:
+    """Return /dev/loopN backing *image* (by path), or None."""
+    image = os.path.realpath(image)
+    for entry in sorted(SYS_BLOCK.glob("loop*")):
+        if _backing_file(entry.name) == image:
+            return f"/dev/{entry.name}"
+    return None
+
+
+def backing_of(device: str) -> str | None:
+    return _backing_file(Path(device).name)
+
+
+def attach(image: Path, *, readonly: bool = False) -> str:
+    existing = find_attached(image)
+    if existing:
+        return existing
+    argv = ["losetup", "--find", "--show", "--direct-io=off"]
+    if readonly:
+        argv.append("--read-only")
+    return runner.run(argv + [os.path.realpath(image)], timeout=60).stdout.strip()
+
+
+def detach_image(image: Path) -> None:
+    """Detach every loop device backing *image*; a no-op when none does."""
+    while (dev := find_attached(image)) is not None:
+        runner.run(["losetup", "--detach", dev], timeout=60)
+
+
+def refresh_capacity(device: str) -> None:
+    runner.run(["losetup", "--set-capacity", device], timeout=60)
+
+
+def size_bytes(device: str) -> int:
+    sectors = int((SYS_BLOCK / Path(device).name / "size").read_text())
+    return sectors * 512

@@ -1,0 +1,353 @@
+"""Volumes and snapshots in a pool: create, delete, list, expand, snapshot, clone.
+
+Every mutation runs under a per-object lock (a busy lock is ABORTED at the
+edge) and is ordered as intent -> act -> record, so a retry after a crash
+converges on the same result.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from . import store
+from .errors import (CapacityOutOfRange, InvalidParameter, MissingField, PoolFull,
+                     ResourceExhausted, SnapshotExists, SnapshotNotFound, UnsupportedCapability,
+                     VolumeExists, VolumeInUse, VolumeNotFound, InvalidInput)
+from .host import filesystems, reflink
+from .ids import check_id, check_map, check_name, name_key, new_id
+from .model import BLOCK, MOUNT, SINGLE_NODE_MODES, Capability, ContentSource, Snapshot, Volume
+from .paging import paginate
+from .pool import Pool
+
+log = logging.getLogger(__name__)
+MiB = 1024 * 1024
+DEFAULT_CAPACITY = 1024 * MiB
+# StorageClass parameters we understand; the CO's own keys are passed through.
+KNOWN_PARAMETERS = {"volumeGroup", "preallocate"}
+CO_PREFIX = "csi.storage.k8s.io/"
+TOPOLOGY_SITE = "topology.drsvc.io/site"
+TOPOLOGY_NODE = "topology.drsvc.io/node"
+
+
+def _round_up(n: int, unit: int) -> int:
+    return -(-n // unit) * unit
+
+
+def check_capabilities(caps: list[Capability], *, required: bool = True) -> None:
+    if not caps:
+        if required:
+            raise MissingField(field="volume_capabilities")
+        return
+    for cap in caps:
+        if cap.access_type not in (MOUNT, BLOCK):
+            raise UnsupportedCapability(reason="access_type must be mount or block")
+        if cap.access_mode == "UNKNOWN":
+            raise UnsupportedCapability(reason="access_mode is required")
+        if cap.access_mode not in SINGLE_NODE_MODES:
+            raise UnsupportedCapability(reason=f"access mode {cap.access_mode} needs more than one node; "
+                                               "drsvc volumes are host-local")
+        if cap.access_type == MOUNT and cap.fs_type and cap.fs_type not in filesystems.SUPPORTED:
+            raise UnsupportedCapability(reason=f"fs_type {cap.fs_type!r} is not one of {filesystems.SUPPORTED}")
+
+
+class VolumeService:
+    def __init__(self, pool: Pool, node_id: str):
+        self.pool = pool
+        self.node_id = node_id
+
+    # -- topology ------------------------------------------------------------
+    @property
+    def topology(self) -> dict:
+        return {TOPOLOGY_SITE: self.pool.site, TOPOLOGY_NODE: self.node_id}
+
+    def _reachable(self, requisite: list[dict], preferred: list[dict]) -> bool:
+        terms = requisite or preferred
+        if not terms:
+            return True
+        mine = self.topology
+        return any(all(mine.get(k) == v for k, v in t.items()) for t in terms)
+
+    # -- lookups --------------------------------------------------------------
+    def find_volume(self, volume_id: str) -> Volume | None:
+        doc = store.read_doc(self.pool.volume_meta(volume_id))
+        return Volume.from_doc(doc) if doc else None
+
+    def get_volume(self, volume_id: str) -> Volume:
+        vol = self.find_volume(check_id(volume_id))
+        if vol is None or vol.state == "creating":
+            raise VolumeNotFound(volume_id=volume_id)
+        return vol
+
+    def find_snapshot(self, snapshot_id: str) -> Snapshot | None:
+        doc = store.read_doc(self.pool.snapshot_meta(snapshot_id))
+        return Snapshot.from_doc(doc) if doc else None
+
+    def get_snapshot(self, snapshot_id: str) -> Snapshot:
+        snap = self.find_snapshot(check_id(snapshot_id, "snapshot_id"))
+        if snap is None or snap.state != "ready":
+            raise SnapshotNotFound(snapshot_id=snapshot_id)
+        return snap
+
+    def _size_for(self, required: int, limit: int, fs_type: str, minimum: int = 0) -> int:
+        if required < 0 or limit < 0:
+            raise CapacityOutOfRange(reason="must not be negative")
+        if limit and required > limit:
+            raise CapacityOutOfRange(reason=f"required_bytes {required} exceeds limit_bytes {limit}")
+        size = required or (min(DEFAULT_CAPACITY, limit) if limit else DEFAULT_CAPACITY)
+        size = max(size, minimum, filesystems.MIN_BYTES.get(fs_type, MiB))
+        size = _round_up(size, MiB)
+        if limit and size > limit:
+            raise CapacityOutOfRange(reason=f"the smallest volume that fits is {size} bytes, "
+                                            f"above limit_bytes {limit}")
+        _, total = self.pool.space()
+        if size > total:
+            raise CapacityOutOfRange(reason=f"{size} bytes exceeds the pool's size of {total} bytes")
+        return size
+
+    # -- create ---------------------------------------------------------------
+    def create_volume(self, name: str, *, required_bytes: int = 0, limit_bytes: int = 0,
+                      capabilities: list[Capability] = (), parameters: dict | None = None,
+                      source: ContentSource | None = None, requisite: list[dict] = (),
+                      preferred: list[dict] = ()) -> Volume:
+        check_name(name)
+        check_capabilities(list(capabilities))
+        parameters = dict(check_map(parameters or {}, "parameters"))
+        unknown = sorted(k for k in parameters if k not in KNOWN_PARAMETERS and not k.startswith(CO_PREFIX))
+        if unknown:
+            raise InvalidParameter(key=unknown[0], reason=f"unknown parameter; known: {sorted(KNOWN_PARAMETERS)}")
+        if parameters.get("preallocate", "false") not in ("true", "false"):
+            raise InvalidParameter(key="preallocate", reason="must be 'true' or 'false'")
+        fs_types = {c.fs_type for c in capabilities if c.access_type == MOUNT and c.fs_type}
+        if len(fs_types) > 1:
+            raise UnsupportedCapability(reason=f"conflicting fs_types {sorted(fs_types)}")
+        fs_type = fs_types.pop() if fs_types else ""
+        if not self._reachable(list(requisite), list(preferred)):
+            raise ResourceExhausted(f"volume cannot be placed in the requested topology; this node offers {self.topology}")
+        kept = {k: v for k, v in parameters.items() if not k.startswith(CO_PREFIX)}
+        src_doc = {"kind": source.kind, "source_id": source.source_id} if source else None
+
+        key = name_key("volume", name)
+        with self.pool.lock(key):
+            existing = store.read_doc(self.pool.name_index(key))
+            if existing:
+                vol = self.find_volume(existing["volume_id"])
+                if vol is not None:
+                    self._check_compatible(vol, required_bytes, limit_bytes, fs_type, kept, src_doc)
+                    if vol.state == "ready":
+                        return vol
+                    return self._materialise(vol)
+            source_size = self._source_size(source) if source else 0
+            size = self._size_for(required_bytes, limit_bytes, fs_type or filesystems.DEFAULT, source_size)
+            vol = Volume(volume_id=new_id("vol"), name=name, capacity_bytes=size, state="creating",
+                         fs_type=fs_type, parameters=kept, source=src_doc, topology=self.topology,
+                         created_at=time.time())
+            # intent first: a crash from here on is resumed by the same name
+            store.write_doc(self.pool.volume_meta(vol.volume_id), vol.to_doc())
+            store.write_doc(self.pool.name_index(key), {"name": name, "volume_id": vol.volume_id})
+            return self._materialise(vol)
+
+    def _check_compatible(self, vol: Volume, required: int, limit: int, fs_type: str,
+                          params: dict, src: dict | None) -> None:
+        if required and vol.capacity_bytes < required:
+            raise VolumeExists(name=vol.name, reason=f"it has {vol.capacity_bytes} bytes, {required} required")
+        if limit and vol.capacity_bytes > limit:
+            raise VolumeExists(name=vol.name, reason=f"it has {vol.capacity_bytes} bytes, limit is {limit}")
+        if fs_type and vol.fs_type and fs_type != vol.fs_type:
+            raise VolumeExists(name=vol.name, reason=f"its fs_type is {vol.fs_type}")
+        if params != vol.parameters:
+            raise VolumeExists(name=vol.name, reason="its parameters differ")
+        if src != vol.source:
+            raise VolumeExists(name=vol.name, reason="its content source differs")
+
+    def _source_size(self, source: ContentSource) -> int:
+        if source.kind == "snapshot":
+            return self.get_snapshot(source.source_id).size_bytes
+        if source.kind == "volume":
+            return self.get_volume(source.source_id).capacity_bytes
+        raise InvalidInput(f"unsupported content source {source.kind!r}")
+
+    def _source_image(self, src: dict):
+        if src["kind"] == "snapshot":
+            self.get_snapshot(src["source_id"])
+            return self.pool.snapshot_image(src["source_id"])
+        self.get_volume(src["source_id"])
+        return self.pool.image(src["source_id"])
+
+    def _materialise(self, vol: Volume) -> Volume:
+        final = self.pool.image(vol.volume_id)
+        if not final.exists():
+            part = self.pool.staging_image(final)
+            part.unlink(missing_ok=True)
+            free, _ = self.pool.space()
+            if vol.source:
+                reflink.clone_file(self._source_image(vol.source), part)
+                with open(part, "r+b") as f:
+                    if os.fstat(f.fileno()).st_size < vol.capacity_bytes:
+                        f.truncate(vol.capacity_bytes)
+                    os.fsync(f.fileno())
+            else:
+                with open(part, "xb") as f:
+                    f.truncate(vol.capacity_bytes)
+                    if vol.parameters.get("preallocate") == "true":
+                        if vol.capacity_bytes > free:
+                            part.unlink()
+                            raise PoolFull(free=free, needed=vol.capacity_bytes)
+                        os.posix_fallocate(f.fileno(), 0, vol.capacity_bytes)
+                    os.fsync(f.fileno())
+            os.replace(part, final)
+            store.fsync_dir(final.parent)
+        vol.state = "ready"
+        store.write_doc(self.pool.volume_meta(vol.volume_id), vol.to_doc())
+        log.info("volume %s (%s) ready: %d bytes", vol.volume_id, vol.name, vol.capacity_bytes)
+        return vol
+
+    # -- delete ---------------------------------------------------------------
+    def delete_volume(self, volume_id: str, *, in_use: callable = None) -> None:
+        check_id(volume_id)
+        with self.pool.lock(volume_id):
+            vol = self.find_volume(volume_id)
+            if vol is None:
+                self.pool.image(volume_id).unlink(missing_ok=True)
+                return
+            if in_use is not None and (reason := in_use(volume_id)):
+                raise VolumeInUse(volume_id=volume_id, reason=reason)
+            if vol.group_id:
+                raise VolumeInUse(volume_id=volume_id, reason=f"it is a member of volume group {vol.group_id}")
+            vol.state = "deleting"
+            store.write_doc(self.pool.volume_meta(volume_id), vol.to_doc())
+            for p in (self.pool.image(volume_id), self.pool.staging_image(self.pool.image(volume_id))):
+                store.remove(p)
+            key = name_key("volume", vol.name)
+            idx = store.read_doc(self.pool.name_index(key))
+            if idx and idx.get("volume_id") == volume_id:
+                store.remove(self.pool.name_index(key))
+            store.remove(self.pool.volume_meta(volume_id))
+            log.info("volume %s deleted", volume_id)
+
+    # -- list / capacity / expand ---------------------------------------------
+    def list_volumes(self, max_entries: int = 0, token: str = ""):
+        vols = [Volume.from_doc(d) for d in self.pool.list_docs("volumes")]
+        vols = sorted((v for v in vols if v.state == "ready"), key=lambda v: (v.created_at, v.volume_id))
+        return paginate(vols, max_entries, token)
+
+    def capacity(self, topology: dict | None = None, capabilities: list[Capability] = (),
+                 parameters: dict | None = None) -> tuple[int, int, int]:
+        """(available, maximum_volume_size, minimum_volume_size) for this pool."""
+        if topology and not self._reachable([topology], []):
+            return 0, 0, 0
+        try:
+            check_capabilities(list(capabilities), required=False)
+        except UnsupportedCapability:
+            return 0, 0, 0
+        free, total = self.pool.space()
+        return free, total, MiB
+
+    def expand_volume(self, volume_id: str, required_bytes: int, limit_bytes: int) -> int:
+        check_id(volume_id)
+        with self.pool.lock(volume_id):
+            vol = self.get_volume(volume_id)
+            if required_bytes <= 0 and limit_bytes <= 0:
+                raise MissingField(field="capacity_range")
+            if limit_bytes and vol.capacity_bytes > limit_bytes:
+                raise CapacityOutOfRange(reason=f"volume has {vol.capacity_bytes} bytes; shrinking to "
+                                                f"limit_bytes {limit_bytes} is not supported")
+            target = self._size_for(required_bytes, limit_bytes, "")
+            if target <= vol.capacity_bytes:
+                return vol.capacity_bytes
+            with open(self.pool.image(volume_id), "r+b") as f:
+                if os.fstat(f.fileno()).st_size < target:
+                    f.truncate(target)
+                os.fsync(f.fileno())
+            vol.capacity_bytes = target
+            store.write_doc(self.pool.volume_meta(volume_id), vol.to_doc())
+            return target
+
+    def unsupported_reason(self, vol: Volume, capabilities: list[Capability], parameters: dict) -> str:
+        """Why *capabilities* cannot be honoured for *vol*, or '' when they can."""
+        check_capabilities(capabilities)
+        try:
+            check_map(parameters, "parameters")
+        except InvalidParameter as e:
+            return e.message
+        for cap in capabilities:
+            if cap.access_type == MOUNT and cap.fs_type and vol.fs_type and cap.fs_type != vol.fs_type:
+                return f"volume was created for {vol.fs_type}, not {cap.fs_type}"
+        return ""
+
+    def condition(self, volume_id: str) -> str:
+        """A problem with the volume's backing storage, or '' when healthy."""
+        if not self.pool.image(volume_id).exists():
+            return "backing image is missing"
+        return ""
+
+    # -- snapshots -------------------------------------------------------------
+    def create_snapshot(self, name: str, source_volume_id: str, *, parameters: dict | None = None,
+                        freeze=None) -> Snapshot:
+        """Snapshot a volume. *freeze* is a context-manager factory that makes
+        the copy crash-consistent (the node freezes a mounted filesystem)."""
+        check_name(name)
+        check_id(source_volume_id, "source_volume_id")
+        params = check_map(parameters or {}, "parameters")
+        unknown = sorted(k for k in params if not k.startswith("csi.storage.k8s.io/"))
+        if unknown:
+            raise InvalidParameter(key=unknown[0], reason="snapshots take no parameters")
+        key = name_key("snapshot", name)
+        with self.pool.lock(key):
+            idx = store.read_doc(self.pool.name_index(key))
+            if idx:
+                snap = self.find_snapshot(idx["snapshot_id"])
+                if snap is not None:
+                    if snap.source_volume_id != source_volume_id:
+                        raise SnapshotExists(name=name)
+                    if snap.state == "ready":
+                        return snap
+                    return self._capture(snap, freeze)
+            vol = self.get_volume(source_volume_id)
+            snap = Snapshot(snapshot_id=new_id("snap"), name=name, source_volume_id=source_volume_id,
+                            size_bytes=vol.capacity_bytes, created_at=time.time(), state="creating")
+            store.write_doc(self.pool.snapshot_meta(snap.snapshot_id), snap.to_doc())
+            store.write_doc(self.pool.name_index(key), {"name": name, "snapshot_id": snap.snapshot_id})
+            return self._capture(snap, freeze)
+
+    def _capture(self, snap: Snapshot, freeze) -> Snapshot:
+        final = self.pool.snapshot_image(snap.snapshot_id)
+        if not final.exists():
+            part = self.pool.staging_image(final)
+            part.unlink(missing_ok=True)
+            with self.pool.lock(snap.source_volume_id, blocking=True):
+                src = self.pool.image(snap.source_volume_id)
+                if not src.exists():
+                    raise VolumeNotFound(volume_id=snap.source_volume_id)
+                if freeze is not None:
+                    with freeze(snap.source_volume_id):
+                        reflink.clone_file(src, part)
+                else:
+                    reflink.clone_file(src, part)
+            os.replace(part, final)
+            store.fsync_dir(final.parent)
+        snap.state = "ready"
+        store.write_doc(self.pool.snapshot_meta(snap.snapshot_id), snap.to_doc())
+        return snap
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        check_id(snapshot_id, "snapshot_id")
+        with self.pool.lock(snapshot_id):
+            snap = self.find_snapshot(snapshot_id)
+            store.remove(self.pool.snapshot_image(snapshot_id))
+            if snap is None:
+                return
+            key = name_key("snapshot", snap.name)
+            idx = store.read_doc(self.pool.name_index(key))
+            if idx and idx.get("snapshot_id") == snapshot_id:
+                store.remove(self.pool.name_index(key))
+            store.remove(self.pool.snapshot_meta(snapshot_id))
+
+    def list_snapshots(self, max_entries: int = 0, token: str = "", snapshot_id: str = "",
+                       source_volume_id: str = ""):
+        snaps = [Snapshot.from_doc(d) for d in self.pool.list_docs("snapshots")]
+        snaps = [s for s in snaps if s.state == "ready"
+                 and (not snapshot_id or s.snapshot_id == snapshot_id)
+                 and (not source_volume_id or s.source_volume_id == source_volume_id)]
+        snaps.sort(key=lambda s: (s.created_at, s.snapshot_id))
+        return paginate(snaps, max_entries, token)
