@@ -1,0 +1,177 @@
+"""Volume groups: named sets of volumes that snapshot and replicate as one.
+
+A volume belongs to at most one group (LIMIT_VOLUME_TO_ONE_VOLUME_GROUP).
+Deleting a group deletes its member volumes, as the CSI-Addons seed says.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+
+from . import store
+from .errors import (Conflict, GroupNotFound, InvalidInput, InvalidParameter, PreconditionFailed,
+                     ResourceExhausted, VolumeNotFound)
+from .host import freeze, reflink
+from .ids import check_id, check_map, check_name, name_key, new_id
+from .paging import paginate
+from .pool import Pool
+from .volumes import VolumeService
+
+log = logging.getLogger(__name__)
+DEFAULT_MAX_VOLUMES = 32
+KNOWN_PARAMETERS = {"maxVolumes"}
+
+
+@dataclass
+class Group:
+    group_id: str
+    name: str
+    parameters: dict = field(default_factory=dict)
+    volume_ids: list = field(default_factory=list)
+    max_volumes: int = DEFAULT_MAX_VOLUMES
+    created_at: float = 0.0
+
+    def to_doc(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_doc(cls, doc: dict) -> "Group":
+        return cls(**{k: v for k, v in doc.items() if k in cls.__dataclass_fields__})
+
+
+def _max_volumes(params: dict) -> int:
+    raw = params.get("maxVolumes", str(DEFAULT_MAX_VOLUMES))
+    if not raw.isdigit() or not 1 <= int(raw) <= 1024:
+        raise InvalidParameter(key="maxVolumes", reason="must be an integer from 1 to 1024")
+    return int(raw)
+
+
+class GroupService:
+    def __init__(self, pool: Pool, volumes: VolumeService, *, in_use=None, replicated=None):
+        self.pool = pool
+        self.volumes = volumes
+        self.in_use = in_use              # volume_id -> reason or ''
+        self.replicated = replicated      # unit_id -> bool
+
+    def find(self, group_id: str) -> Group | None:
+        doc = store.read_doc(self.pool.group_meta(group_id))
+        return Group.from_doc(doc) if doc else None
+
+    def get(self, group_id: str) -> Group:
+        g = self.find(check_id(group_id, "volume_group_id"))
+        if g is None:
+            raise GroupNotFound(group_id=group_id)
+        return g
+
+    def create(self, name: str, parameters: dict | None = None) -> Group:
+        check_name(name)
+        params = dict(check_map(parameters or {}, "parameters"))
+        unknown = sorted(set(params) - KNOWN_PARAMETERS)
+        if unknown:
+            raise InvalidParameter(key=unknown[0], reason=f"unknown parameter; known: {sorted(KNOWN_PARAMETERS)}")
+        limit = _max_volumes(params)
+        key = name_key("group", name)
+        with self.pool.lock(key):
+            idx = store.read_doc(self.pool.name_index(key))
+            if idx and (g := self.find(idx["group_id"])) is not None:
+                if g.parameters != params:
+                    raise Conflict(f"volume group {name!r} exists with different parameters")
+                return g
+            g = Group(group_id=new_id("grp"), name=name, parameters=params, max_volumes=limit,
+                      created_at=time.time())
+            store.write_doc(self.pool.group_meta(g.group_id), g.to_doc())
+            store.write_doc(self.pool.name_index(key), {"name": name, "group_id": g.group_id})
+            return g
+
+    def delete(self, group_id: str, delete_volume) -> None:
+        """Delete the group and its member volumes (via *delete_volume*)."""
+        check_id(group_id, "volume_group_id")
+        with self.pool.lock(group_id):
+            g = self.find(group_id)
+            if g is None:
+                return
+            if self.replicated and self.replicated(group_id):
+                raise PreconditionFailed(f"volume group {group_id} is replicated; disable replication first")
+            busy = [f"{v}: {r}" for v in g.volume_ids if self.in_use and (r := self.in_use(v))]
+            if busy:
+                raise PreconditionFailed(f"volume group {group_id} is in use ({'; '.join(busy)})")
+            for vid in list(g.volume_ids):
+                self._set_member(vid, "")
+                g.volume_ids.remove(vid)
+                store.write_doc(self.pool.group_meta(group_id), g.to_doc())
+                delete_volume(vid)
+            idx_path = self.pool.name_index(name_key("group", g.name))
+            idx = store.read_doc(idx_path)
+            if idx and idx.get("group_id") == group_id:
+                store.remove(idx_path)
+            store.remove(self.pool.group_meta(group_id))
+
+    def _set_member(self, volume_id: str, group_id: str) -> None:
+        vol = self.volumes.find_volume(volume_id)
+        if vol is not None and vol.group_id != group_id:
+            vol.group_id = group_id
+            store.write_doc(self.pool.volume_meta(volume_id), vol.to_doc())
+
+    def modify(self, group_id: str, volume_ids: list[str]) -> Group:
+        check_id(group_id, "volume_group_id")
+        wanted = list(dict.fromkeys(check_id(v) for v in volume_ids))
+        with self.pool.lock(group_id):
+            g = self.get(group_id)
+            if len(wanted) > g.max_volumes:
+                raise ResourceExhausted(f"volume group {group_id} holds at most {g.max_volumes} volumes")
+            for vid in wanted:
+                vol = self.volumes.find_volume(vid)
+                if vol is None or vol.state != "ready":
+                    raise VolumeNotFound(volume_id=vid)
+                if vol.group_id and vol.group_id != group_id:
+                    raise InvalidInput(f"volume {vid} already belongs to volume group {vol.group_id}")
+                if vid not in g.volume_ids and self.replicated and self.replicated(vid):
+                    raise InvalidInput(f"volume {vid} is replicated on its own; disable that first")
+            for vid in wanted:
+                self._set_member(vid, group_id)
+            for vid in [v for v in g.volume_ids if v not in wanted]:
+                self._set_member(vid, "")
+            g.volume_ids = wanted
+            store.write_doc(self.pool.group_meta(group_id), g.to_doc())
+            return g
+
+    def join(self, group_id: str, volume_id: str) -> Group:
+        """Add one volume (CreateVolume with the volumeGroup parameter)."""
+        g = self.get(group_id)
+        if volume_id in g.volume_ids:
+            return g
+        return self.modify(group_id, g.volume_ids + [volume_id])
+
+    def list(self, max_entries: int = 0, token: str = ""):
+        groups = sorted((Group.from_doc(d) for d in self.pool.list_docs("groups")),
+                        key=lambda g: (g.created_at, g.group_id))
+        return paginate(groups, max_entries, token)
+
+    def snapshot(self, group_id: str, name: str, mountpoint=None) -> dict:
+        """One consistent instant across members: freeze all, reflink all, thaw all.
+
+        Returns {volume_id: snapshot image path}. *mountpoint(volume_id)* gives
+        the mounted filesystem to freeze, if any.
+        """
+        check_name(name)
+        g = self.get(group_id)
+        out = {}
+        with contextlib.ExitStack() as stack:
+            for vid in g.volume_ids:
+                stack.enter_context(self.pool.lock(vid, blocking=True))
+            mps = [mp for vid in g.volume_ids if mountpoint and (mp := mountpoint(vid))]
+            snap_dir = self.pool.root / "groups" / f"{group_id}.snapshots" / name_key("gsnap", name)
+            snap_dir.mkdir(parents=True, exist_ok=True)
+            with freeze.frozen(mps):
+                for vid in g.volume_ids:
+                    dst = snap_dir / f"{vid}.img"
+                    if not dst.exists():
+                        reflink.clone_file(self.pool.image(vid), dst, fsync=False)
+                    out[vid] = dst
+            for p in out.values():
+                with open(p, "rb+") as f:
+                    os.fsync(f.fileno())
+        return out
