@@ -60,7 +60,7 @@ class Controller(csi_pb2_grpc.ControllerServicer):
     def CreateVolume(self, req, context):
         _secrets(req)
         reqs = req.accessibility_requirements
-        vol = self.site.volumes.create_volume(
+        vol = self.site.create_volume(
             req.name, required_bytes=req.capacity_range.required_bytes,
             limit_bytes=req.capacity_range.limit_bytes,
             capabilities=convert.capabilities(req.volume_capabilities),

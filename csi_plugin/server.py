@@ -15,8 +15,10 @@ from grpc_reflection.v1alpha import reflection
 
 from drsvc.site import Site
 
-from . import csi_servicers
-from .gen import csi_pb2, csi_pb2_grpc
+from drsvc.config import load as load_config
+
+from . import addons_servicers, csi_servicers
+from .gen import csi_pb2, csi_pb2_grpc, identity_pb2_grpc, replication_pb2_grpc, volumegroup_pb2_grpc
 from .interceptors import LoggingInterceptor
 
 log = logging.getLogger("csi_plugin")
@@ -38,6 +40,14 @@ def build_server(site: Site, sock: Path, *, max_workers: int = 16) -> grpc.Serve
     csi_pb2_grpc.add_ControllerServicer_to_server(csi_servicers.Controller(site), server)
     csi_pb2_grpc.add_NodeServicer_to_server(csi_servicers.Node(site), server)
     names = [csi_pb2.DESCRIPTOR.services_by_name[s].full_name for s in ("Identity", "Controller", "Node")]
+    replicating = site.replication is not None
+    identity_pb2_grpc.add_IdentityServicer_to_server(addons_servicers.AddonsIdentity(site, replicating), server)
+    volumegroup_pb2_grpc.add_ControllerServicer_to_server(addons_servicers.VolumeGroupController(site), server)
+    names += ["identity.Identity", "volumegroup.Controller"]
+    if replicating:
+        replication_pb2_grpc.add_ControllerServicer_to_server(
+            addons_servicers.ReplicationController(site, site.replication), server)
+        names.append("replication.Controller")
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for n in names + [""]:
@@ -56,22 +66,36 @@ def build_server(site: Site, sock: Path, *, max_workers: int = 16) -> grpc.Serve
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="drsvc-csi", description="drsvc CSI plugin")
     ap.add_argument("--endpoint", default=os.environ.get("CSI_ENDPOINT"),
-                    help="unix:///path/csi.sock (default: $CSI_ENDPOINT)")
-    ap.add_argument("--pool", required=True, help="pool directory (initialised when empty)")
-    ap.add_argument("--node-id", required=True)
+                    help="unix:///path/csi.sock (default: $CSI_ENDPOINT, or the site config's)")
+    ap.add_argument("--pool", help="pool directory (initialised when empty)")
+    ap.add_argument("--node-id")
     ap.add_argument("--site", default=os.environ.get("DRSVC_SITE", "local"), help="site name (topology)")
+    ap.add_argument("--config", default=os.environ.get("DRSVC_CONFIG"),
+                    help="site config (TOML); enables replication through the site's Celery workers")
     ap.add_argument("--log-level", default=os.environ.get("DRSVC_LOG_LEVEL", "INFO"))
     args = ap.parse_args(argv)
-    if not args.endpoint:
-        ap.error("--endpoint or CSI_ENDPOINT is required")
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    sock = socket_path(args.endpoint)
-    site = Site.open(Path(args.pool), node_id=args.node_id, site_id=args.site)
+    if args.config:
+        cfg = load_config(Path(args.config))
+        site = Site.from_config(cfg)
+        from drsvc.replication.service import ReplicationService
+        from workers.app import make_app
+        from workers.client import CeleryDispatcher
+        site.replication = ReplicationService(site, cfg, CeleryDispatcher(make_app(cfg)))
+        endpoint = args.endpoint or cfg.endpoint
+    else:
+        if not (args.pool and args.node_id):
+            ap.error("--pool and --node-id are required without --config")
+        site = Site.open(Path(args.pool), node_id=args.node_id, site_id=args.site)
+        endpoint = args.endpoint
+    if not endpoint:
+        ap.error("--endpoint or CSI_ENDPOINT is required")
+    sock = socket_path(endpoint)
     server = build_server(site, sock)
     server.start()
-    log.info("serving CSI on unix://%s (pool %s, node %s, site %s)", sock, site.pool.root,
-             args.node_id, args.site)
+    log.info("serving CSI on unix://%s (pool %s, node %s, site %s%s)", sock, site.pool.root,
+             site.node_id, site.pool.site, ", replication on" if site.replication else "")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .config import SiteConfig
+from .groups import GroupService
 from .node import NodeService
 from .pool import Pool
 from .volumes import VolumeService
@@ -14,17 +16,54 @@ class Site:
     pool: Pool
     volumes: VolumeService
     node: NodeService
+    groups: GroupService
     node_id: str
+    config: SiteConfig | None = None
+    replication: object = None          # drsvc.replication.service.ReplicationService, when configured
 
     @classmethod
-    def open(cls, pool_dir: Path, *, node_id: str, site_id: str = "local") -> "Site":
+    def open(cls, pool_dir: Path, *, node_id: str, site_id: str = "local",
+             config: SiteConfig | None = None) -> "Site":
         pool = Pool(pool_dir, site=site_id).init()
         volumes = VolumeService(pool, node_id)
         node = NodeService(pool, volumes, node_id)
-        return cls(pool, volumes, node, node_id)
+        site = cls(pool, volumes, node, None, node_id, config)
+        site.groups = GroupService(pool, volumes, in_use=node.in_use, replicated=site.is_replicated)
+        return site
+
+    @classmethod
+    def from_config(cls, cfg: SiteConfig) -> "Site":
+        return cls.open(cfg.pool, node_id=cfg.node_id, site_id=cfg.site, config=cfg)
+
+    def is_replicated(self, unit_id: str) -> bool:
+        return self.replication is not None and self.replication.is_enabled(unit_id)
+
+    def check_secrets(self, secrets: dict) -> None:
+        if self.config is not None:
+            self.config.check_secrets(secrets)
+
+    def in_use(self, volume_id: str) -> str:
+        if reason := self.node.in_use(volume_id):
+            return reason
+        if self.is_replicated(volume_id):
+            return "replication is enabled; disable it first"
+        return ""
+
+    def create_volume(self, name: str, **kw):
+        if group_id := (kw.get("parameters") or {}).get("volumeGroup"):
+            self.groups.get(group_id)          # fail before creating anything
+        vol = self.volumes.create_volume(name, **kw)
+        group = vol.parameters.get("volumeGroup")
+        if group and vol.group_id != group:
+            self.groups.join(group, vol.volume_id)
+            vol = self.volumes.get_volume(vol.volume_id)
+        return vol
 
     def delete_volume(self, volume_id: str) -> None:
-        self.volumes.delete_volume(volume_id, in_use=self.node.in_use)
+        self.volumes.delete_volume(volume_id, in_use=self.in_use)
+
+    def delete_group(self, group_id: str) -> None:
+        self.groups.delete(group_id, self.delete_volume)
 
     def create_snapshot(self, name: str, source_volume_id: str, parameters: dict | None = None):
         return self.volumes.create_snapshot(name, source_volume_id, parameters=parameters,

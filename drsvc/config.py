@@ -1,0 +1,117 @@
+"""Per-site configuration (TOML). One file describes one site and its peers.
+
+Example::
+
+    site = "a"
+    node_id = "a-node1"
+    pool = "/var/lib/drsvc/pool"
+    endpoint = "unix:///run/drsvc/csi.sock"
+    redis_url = "redis://:PASSWORD@127.0.0.1:6379/0"   # requirepass works here
+    metrics_port = 9101                                 # 0: no /metrics
+    secrets_file = "/etc/drsvc/rpc-secret"              # optional: require secrets.token
+
+    [peers.b]
+    host = "10.0.0.2"
+    port = 22
+    user = "drsvc"
+    known_hosts = "/etc/drsvc/peers/b.known_hosts"       # pinned host key
+    key = "/etc/drsvc/keys/to-b"                         # dedicated private key
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import InvalidInput, NotFound, Unauthenticated
+from .ids import check_id
+
+
+@dataclass(frozen=True)
+class Peer:
+    name: str
+    host: str
+    port: int
+    user: str
+    known_hosts: Path
+    key: Path
+
+
+@dataclass(frozen=True)
+class SiteConfig:
+    site: str
+    node_id: str
+    pool: Path
+    endpoint: str
+    redis_url: str
+    peers: dict = field(default_factory=dict)
+    metrics_port: int = 0
+    secrets_file: Path | None = None
+    path: Path | None = None
+
+    @property
+    def queue(self) -> str:
+        """This site's Celery queue: a site's workers serve only their own site."""
+        return f"drsvc.{self.site}"
+
+    def peer(self, name: str = "") -> Peer:
+        if not name:
+            if len(self.peers) == 1:
+                return next(iter(self.peers.values()))
+            raise InvalidInput(f"parameter 'peer' is required: site {self.site} has "
+                               f"{len(self.peers)} peers ({', '.join(sorted(self.peers)) or 'none'})")
+        try:
+            return self.peers[name]
+        except KeyError:
+            raise NotFound(f"site {self.site} has no peer named {name!r}") from None
+
+    def check_secrets(self, secrets: dict) -> None:
+        """When a secrets file is configured, RPCs must carry secrets['token'] matching it."""
+        if self.secrets_file is None:
+            return
+        expected = self.secrets_file.read_text().strip().encode()
+        given = secrets.get("token", "").encode()
+        if not given or not hmac.compare_digest(hashlib.sha256(given).digest(),
+                                                hashlib.sha256(expected).digest()):
+            raise Unauthenticated("the request's secrets do not carry a valid token")
+
+
+def _req(doc: dict, key: str, where: str):
+    if key not in doc:
+        raise InvalidInput(f"{where}: missing key {key!r}")
+    return doc[key]
+
+
+def parse(doc: dict, path: Path | None = None) -> SiteConfig:
+    where = str(path or "site config")
+    base = path.parent if path else Path.cwd()
+
+    def rel(p) -> Path:
+        p = Path(p)
+        return p if p.is_absolute() else base / p
+
+    peers = {}
+    for name, p in (doc.get("peers") or {}).items():
+        check_id(name, "peer name")
+        peers[name] = Peer(name=name, host=_req(p, "host", f"{where} [peers.{name}]"),
+                           port=int(p.get("port", 22)), user=p.get("user", "root"),
+                           known_hosts=rel(_req(p, "known_hosts", f"{where} [peers.{name}]")),
+                           key=rel(_req(p, "key", f"{where} [peers.{name}]")))
+    site = check_id(_req(doc, "site", where), "site")
+    return SiteConfig(site=site, node_id=doc.get("node_id", f"{site}-node"), pool=rel(_req(doc, "pool", where)),
+                      endpoint=doc.get("endpoint", ""), redis_url=doc.get("redis_url", "redis://127.0.0.1:6379/0"),
+                      peers=peers, metrics_port=int(doc.get("metrics_port", 0)),
+                      secrets_file=rel(doc["secrets_file"]) if doc.get("secrets_file") else None, path=path)
+
+
+def load(path: Path) -> SiteConfig:
+    path = Path(path)
+    try:
+        doc = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise NotFound(f"site config {path} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise InvalidInput(f"site config {path}: {e}") from None
+    return parse(doc, path)

@@ -1,0 +1,73 @@
+"""Replication schedules: interval parsing and health against the interval (pure)."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, time as dtime, timezone
+
+from .errors import InvalidParameter
+
+_PART = re.compile(r"(\d+)([smhd])")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+MIN_INTERVAL = 1
+MAX_INTERVAL = 7 * 86400
+
+
+def parse_interval(text: str) -> int:
+    """'30s', '5m', '1h', '1h30m', or a bare number of seconds -> seconds."""
+    text = (text or "").strip()
+    if text.isdigit():
+        secs = int(text)
+    else:
+        parts = _PART.findall(text)
+        if not parts or "".join(n + u for n, u in parts) != text:
+            raise InvalidParameter(key="schedulingInterval", reason=f"{text!r} is not like 30s, 5m, 1h or 1h30m")
+        secs = sum(int(n) * _UNITS[u] for n, u in parts)
+    if not MIN_INTERVAL <= secs <= MAX_INTERVAL:
+        raise InvalidParameter(key="schedulingInterval", reason=f"must be between {MIN_INTERVAL}s and 7d")
+    return secs
+
+
+def parse_start_time(text: str) -> float | None:
+    """An ISO 8601 timestamp or a time of day (HH:MM[:SS], UTC) -> epoch seconds."""
+    if not text:
+        return None
+    try:
+        if "T" in text or "-" in text[:10]:
+            dt = datetime.fromisoformat(text)
+            if dt.tzinfo is None:
+                dt = dt.replace(tzinfo=timezone.utc)
+            return dt.timestamp()
+        t = dtime.fromisoformat(text)
+    except ValueError:
+        raise InvalidParameter(key="schedulingStartTime",
+                               reason=f"{text!r} is neither ISO 8601 nor HH:MM[:SS]") from None
+    today = datetime.now(timezone.utc).date()
+    return datetime.combine(today, t.replace(tzinfo=t.tzinfo or timezone.utc)).timestamp()
+
+
+@dataclass(frozen=True)
+class Health:
+    status: str          # HEALTHY | DEGRADED | ERROR | UNKNOWN
+    message: str
+    lag_seconds: float
+    missed_intervals: int
+
+
+def assess(*, now: float, interval: int, enabled_at: float, last_success: float,
+           consecutive_failures: int, last_error: str, conflict: str = "") -> Health:
+    """Health of a primary's replication relative to its interval."""
+    since = last_success or enabled_at
+    lag = max(0.0, now - since)
+    missed = max(0, int(lag // interval) - 1) if interval else 0
+    if conflict:
+        return Health("ERROR", conflict, lag, missed)
+    if consecutive_failures:
+        return Health("DEGRADED", f"{consecutive_failures} consecutive sync failure(s); last: {last_error}",
+                      lag, missed)
+    if lag > 2 * interval + 5:
+        what = "last successful sync" if last_success else "replication was enabled"
+        return Health("DEGRADED", f"behind schedule: {what} {lag:.0f}s ago, interval {interval}s", lag, missed)
+    if not last_success:
+        return Health("UNKNOWN", "initial sync pending", lag, missed)
+    return Health("HEALTHY", f"in sync; last sync {lag:.0f}s ago", lag, missed)

@@ -1,0 +1,1 @@
+"""Celery workers and the APScheduler loop: edges over the drsvc core."""

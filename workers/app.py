@@ -1,0 +1,29 @@
+"""The Celery app factory: one app per site, bound to that site's Redis and queue."""
+from __future__ import annotations
+
+from celery import Celery
+
+from drsvc.config import SiteConfig
+
+
+def make_app(cfg: SiteConfig) -> Celery:
+    app = Celery(f"drsvc-{cfg.site}", broker=cfg.redis_url, backend=cfg.redis_url)
+    app.conf.update(
+        task_default_queue=cfg.queue,
+        task_acks_late=True,                # a worker killed mid-sync gets the task redelivered
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_track_started=True,
+        task_send_sent_event=True,          # Flower shows queued tasks too
+        worker_send_task_events=True,
+        result_extended=True,               # task name and args in the result backend
+        result_expires=7 * 24 * 3600,
+        task_serializer="json", result_serializer="json", accept_content=["json"],
+        broker_transport_options={"visibility_timeout": 3600},
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+    )
+    app.drsvc_config = cfg
+    from . import tasks
+    tasks.register(app)
+    return app

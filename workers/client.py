@@ -1,0 +1,47 @@
+"""Dispatcher over Celery: queue an operation on the site's queue and wait, bounded."""
+from __future__ import annotations
+
+import uuid
+
+import redis
+from celery import Celery
+from celery.exceptions import TimeoutError as CeleryTimeout
+
+from drsvc.dispatch import raise_from_dict
+from drsvc.errors import OperationInProgress, Unavailable
+
+from . import inflight
+
+
+class CeleryDispatcher:
+    def __init__(self, app: Celery):
+        self.app = app
+        self.cfg = app.drsvc_config
+        self.redis = redis.Redis.from_url(self.cfg.redis_url, socket_timeout=10)
+
+    def submit(self, op: str, unit_id: str, kwargs: dict) -> str:
+        task_id = str(uuid.uuid4())
+        self.app.send_task(f"drsvc.{op}", args=[unit_id], kwargs=kwargs, task_id=task_id,
+                           queue=self.cfg.queue)
+        return task_id
+
+    def run(self, op: str, unit_id: str, kwargs: dict, *, wait: float) -> dict:
+        try:
+            task_id = str(uuid.uuid4())
+            held = inflight.claim(self.redis, self.cfg.site, unit_id, op, kwargs, task_id)
+            if held["task_id"] == task_id:
+                self.app.send_task(f"drsvc.{op}", args=[unit_id], kwargs=kwargs, task_id=task_id,
+                                   queue=self.cfg.queue, kwargsrepr=None)
+            elif held["digest"] != inflight.digest(op, kwargs):
+                raise OperationInProgress(f"{held['op']} is in progress for {unit_id}; retry later")
+            result = self.app.AsyncResult(held["task_id"])
+            try:
+                value = result.get(timeout=wait, propagate=False, disable_sync_subtasks=False)
+            except CeleryTimeout:
+                raise OperationInProgress(f"{op} of {unit_id} is in progress (task {held['task_id']}); "
+                                          "retry to follow it") from None
+        except redis.RedisError as e:
+            raise Unavailable(f"this site's Redis is unreachable: {type(e).__name__}") from None
+        if isinstance(value, dict):
+            return raise_from_dict(value)
+        raise OperationInProgress(f"{op} of {unit_id} ended in state {result.state}; retry")

@@ -1,0 +1,145 @@
+"""APScheduler loop: one interval job per replicated unit, run only by the leader.
+
+Jobs live in a SQLite job store beside the pool, and are reconciled from the
+pool's durable replication state every few seconds, so schedules survive a
+restart of this process and of Redis. Leadership is a Redis lock with a TTL;
+a scheduler that cannot renew it stops acting.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from datetime import datetime, timezone
+from functools import lru_cache
+
+import redis
+from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.interval import IntervalTrigger
+
+from drsvc.config import SiteConfig, load
+from drsvc.replication.service import list_schedules
+
+from .tasks import sync_marker
+
+log = logging.getLogger("workers.scheduler")
+LEASE_S = 15
+
+
+@lru_cache(maxsize=4)
+def _app(config_path: str):
+    from .app import make_app
+    return make_app(load(config_path))
+
+
+def enqueue_sync(config_path: str, unit_id: str, interval: int) -> None:
+    """The job body: queue one sync unless one is already queued or running."""
+    app = _app(config_path)
+    cfg = app.drsvc_config
+    r = redis.Redis.from_url(cfg.redis_url, socket_timeout=10)
+    if not r.set(sync_marker(cfg.site, unit_id), "1", nx=True, ex=max(600, 4 * interval)):
+        log.info("sync of %s still queued or running; not queueing another", unit_id)
+        return
+    app.send_task("drsvc.sync", args=[unit_id], kwargs={"trigger": "schedule"}, queue=cfg.queue)
+    log.info("queued scheduled sync of %s", unit_id)
+
+
+class SiteScheduler:
+    def __init__(self, cfg: SiteConfig, *, reconcile_every: float = 3.0):
+        self.cfg = cfg
+        self.identity = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.reconcile_every = reconcile_every
+        self.redis = redis.Redis.from_url(cfg.redis_url, socket_timeout=5)
+        self.sched: BackgroundScheduler | None = None
+        self.stop = threading.Event()
+
+    @property
+    def lock_key(self) -> str:
+        return f"drsvc:{self.cfg.site}:scheduler-leader"
+
+    def _lead(self) -> bool:
+        """Take or renew the leader lease."""
+        try:
+            if self.redis.set(self.lock_key, self.identity, nx=True, ex=LEASE_S):
+                return True
+            if self.redis.get(self.lock_key) == self.identity.encode():
+                self.redis.expire(self.lock_key, LEASE_S)
+                return True
+            return False
+        except redis.RedisError as e:
+            # without Redis no sync can be queued anyway; keep the role we had
+            log.warning("leader lease: Redis unreachable (%s)", type(e).__name__)
+            return self.sched is not None
+
+    def _start(self) -> None:
+        store = SQLAlchemyJobStore(url=f"sqlite:///{self.cfg.pool}/scheduler.sqlite")
+        self.sched = BackgroundScheduler(jobstores={"default": store}, timezone=timezone.utc,
+                                         job_defaults={"coalesce": True, "max_instances": 1,
+                                                       "misfire_grace_time": 3600})
+        self.sched.start()
+        log.info("scheduler %s is leader for site %s", self.identity, self.cfg.site)
+
+    def _resign(self) -> None:
+        if self.sched is not None:
+            self.sched.shutdown(wait=False)
+            self.sched = None
+            log.info("scheduler %s is no longer leader", self.identity)
+
+    def reconcile(self) -> None:
+        wanted = {f"sync:{s.unit_id}": s for s in list_schedules(self.cfg.pool)}
+        for job in self.sched.get_jobs():
+            if job.id not in wanted:
+                job.remove()
+        for job_id, s in wanted.items():
+            job = self.sched.get_job(job_id)
+            if job is not None and getattr(job.trigger, "interval").total_seconds() == s.interval:
+                continue
+            start = datetime.fromtimestamp(s.start_time or time.time(), timezone.utc)
+            self.sched.add_job(enqueue_sync, IntervalTrigger(seconds=s.interval, start_date=start),
+                               id=job_id, args=[str(self.cfg.path), s.unit_id, s.interval],
+                               replace_existing=True, name=f"sync {s.unit_id} every {s.interval}s")
+            log.info("scheduled %s every %ss", s.unit_id, s.interval)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            if self._lead():
+                if self.sched is None:
+                    self._start()
+                try:
+                    self.reconcile()
+                except Exception:  # noqa: BLE001 - keep scheduling the others
+                    log.exception("reconcile failed")
+            else:
+                self._resign()
+            self.stop.wait(self.reconcile_every)
+        self._resign()
+        try:
+            if self.redis.get(self.lock_key) == self.identity.encode():
+                self.redis.delete(self.lock_key)
+        except redis.RedisError:
+            pass
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="drsvc scheduler")
+    ap.add_argument("--config", default=os.environ.get("DRSVC_CONFIG"))
+    ap.add_argument("--log-level", default="INFO")
+    args = ap.parse_args(argv)
+    if not args.config:
+        ap.error("--config or DRSVC_CONFIG is required")
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    s = SiteScheduler(load(args.config))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: s.stop.set())
+    s.run()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

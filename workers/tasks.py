@@ -1,0 +1,92 @@
+"""Celery tasks: thin wrappers that reload state by ID and call the core.
+
+Tasks take IDs and plain options (never secrets), are idempotent, run with
+acks_late, and retry with backoff only on transient errors (Unavailable).
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import redis
+
+from drsvc.dispatch import error_to_dict
+from drsvc.errors import DrsvcError, Unavailable
+
+from . import inflight
+
+log = logging.getLogger(__name__)
+OPS = ("enable", "disable", "promote", "demote", "resync", "sync")
+_services: dict = {}
+
+
+def service_for(app):
+    """The site's ReplicationService, built once per worker process."""
+    key = id(app)
+    if key not in _services:
+        from drsvc.replication.service import ReplicationService
+        from drsvc.site import Site
+        from .client import CeleryDispatcher
+        site = Site.from_config(app.drsvc_config)
+        _services[key] = ReplicationService(site, app.drsvc_config, CeleryDispatcher(app))
+    return _services[key]
+
+
+def sync_marker(site: str, unit_id: str) -> str:
+    return f"drsvc:{site}:sync-queued:{unit_id}"
+
+
+def register(app) -> None:
+    cfg = app.drsvc_config
+
+    def make(op: str):
+        @app.task(name=f"drsvc.{op}", bind=True, acks_late=True, max_retries=8)
+        def task(self, unit_id: str, **kwargs):
+            svc = service_for(app)
+            r = redis.Redis.from_url(cfg.redis_url, socket_timeout=10)
+            retrying = False
+            try:
+                out = getattr(svc, f"run_{op}")(unit_id, **kwargs)
+                return {"ok": True, **(out or {})}
+            except Unavailable as e:
+                # transient (peer or Redis down): scheduled syncs retry with backoff
+                if op == "sync" and self.request.retries < self.max_retries:
+                    retrying = True
+                    raise self.retry(countdown=min(60, 2 ** self.request.retries), exc=e)
+                return error_to_dict(e)
+            except DrsvcError as e:
+                return error_to_dict(e)
+            except Exception as e:  # noqa: BLE001 - a task reports, it does not die
+                log.exception("drsvc.%s %s failed", op, unit_id)
+                return {"ok": False, "error": "InternalError", "message": f"{type(e).__name__}: {e}"}
+            finally:
+                if not retrying:
+                    try:
+                        inflight.release(r, cfg.site, unit_id, self.request.id)
+                        if op == "sync":
+                            r.delete(sync_marker(cfg.site, unit_id))
+                    except redis.RedisError as e:
+                        log.warning("could not release in-flight marker of %s: %s", unit_id, e)
+        return task
+
+    for op in OPS:
+        make(op)
+
+
+def worker_main(argv=None) -> int:
+    """`drsvc worker --config site.toml`: a Celery worker on this site's queue."""
+    import argparse
+    from drsvc.config import load
+    from .app import make_app
+    ap = argparse.ArgumentParser(prog="drsvc worker")
+    ap.add_argument("--config", default=os.environ.get("DRSVC_CONFIG"), required=not os.environ.get("DRSVC_CONFIG"))
+    ap.add_argument("--concurrency", type=int, default=2)
+    ap.add_argument("--loglevel", default="INFO")
+    ap.add_argument("--hostname", default=None)
+    args = ap.parse_args(argv)
+    cfg = load(args.config)
+    app = make_app(cfg)
+    wargs = ["worker", "-Q", cfg.queue, "-c", str(args.concurrency), "-l", args.loglevel, "-E",
+             "-n", args.hostname or f"{cfg.site}@%h", "--without-gossip", "--without-mingle"]
+    app.worker_main(wargs)
+    return 0
