@@ -15,22 +15,13 @@ from grpc_reflection.v1alpha import reflection
 
 from drsvc.site import Site
 
-from drsvc.config import load as load_config
+from drsvc.config import load as load_config, socket_path
 
 from . import addons_servicers, csi_servicers
 from .gen import csi_pb2, csi_pb2_grpc, identity_pb2_grpc, replication_pb2_grpc, volumegroup_pb2_grpc
 from .interceptors import LoggingInterceptor
 
 log = logging.getLogger("csi_plugin")
-
-
-def socket_path(endpoint: str) -> Path:
-    for prefix in ("unix://", "unix:"):
-        if endpoint.startswith(prefix):
-            return Path(endpoint[len(prefix):])
-    if endpoint.startswith("/"):
-        return Path(endpoint)
-    raise SystemExit(f"unsupported endpoint {endpoint!r}: use unix:///path/to/csi.sock")
 
 
 def build_server(site: Site, sock: Path, *, max_workers: int = 16) -> grpc.Server:

@@ -78,6 +78,16 @@ class SiteConfig:
             raise Unauthenticated("the request's secrets do not carry a valid token")
 
 
+def socket_path(endpoint: str) -> Path:
+    """The unix socket path of a CSI endpoint (unix:///p, unix:/p or /p)."""
+    for prefix in ("unix://", "unix:"):
+        if endpoint.startswith(prefix):
+            return Path(endpoint[len(prefix):])
+    if endpoint.startswith("/"):
+        return Path(endpoint)
+    raise InvalidInput(f"unsupported endpoint {endpoint!r}: use unix:///path/to/csi.sock")
+
+
 def _req(doc: dict, key: str, where: str):
     if key not in doc:
         raise InvalidInput(f"{where}: missing key {key!r}")

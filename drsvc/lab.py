@@ -1,0 +1,250 @@
+"""A two-site DR lab on one host, for the demo and the tests.
+
+Each site gets a pool on its own loop-mounted XFS, a redis-server (unless one
+is given), an sshd on loopback that lets the peer's dedicated key run only our
+receiver (forced command), pinned host keys, and a site config. Processes are
+started through drsvc.runner; `teardown()` undoes everything.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import runner
+from .config import SiteConfig, load
+from .errors import Unavailable
+from .sitectl import SiteRun
+
+SSHD = "/usr/sbin/sshd"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise Unavailable(f"nothing is listening on 127.0.0.1:{port} after {timeout}s")
+
+
+def receiver_command(pool: Path) -> str:
+    # sshd runs this through the user's shell: one exec of the interpreter, no extras
+    return f"exec {sys.executable} -m drsvc.replication.receiver --pool {pool}"
+
+
+@dataclass
+class LabSite:
+    name: str
+    root: Path
+    pool: Path = None
+    fs_image: Path = None
+    redis_port: int = 0
+    redis_pid: int = 0
+    sshd_port: int = 0
+    sshd_pid: int = 0
+    config_path: Path = None
+    procs: list = field(default_factory=list)
+
+    @property
+    def cfg(self) -> SiteConfig:
+        return load(self.config_path)
+
+    @property
+    def run(self) -> SiteRun:
+        return SiteRun(self.cfg)
+
+    @property
+    def endpoint(self) -> str:
+        return f"unix://{self.root}/csi.sock"
+
+
+class Lab:
+    def __init__(self, root: Path, names=("a", "b"), *, pool_size: str = "20G",
+                 redis_password: str | None = None, interval_hint: int = 10):
+        self.root = Path(root)
+        self.sites = {n: LabSite(n, self.root / n) for n in names}
+        self.pool_size = pool_size
+        self.redis_password = redis_password
+
+    # -- building blocks -------------------------------------------------------------
+    def _mount_pool(self, s: LabSite) -> None:
+        s.root.mkdir(parents=True, exist_ok=True)
+        s.fs_image = s.root / "pool-fs.img"
+        mnt = s.root / "pool-fs"
+        mnt.mkdir(exist_ok=True)
+        if not any(line.split()[1] == str(mnt) for line in Path("/proc/mounts").read_text().splitlines()):
+            runner.run(["truncate", "-s", self.pool_size, s.fs_image])
+            runner.run(["mkfs.xfs", "-q", "-f", "-m", "reflink=1", s.fs_image], timeout=120)
+            runner.run(["mount", "-o", "loop", s.fs_image, mnt])
+        s.pool = mnt / "pool"
+
+    def _start_redis(self, s: LabSite) -> None:
+        s.redis_port = free_port()
+        d = s.root / "redis"
+        d.mkdir(exist_ok=True)
+        argv = ["redis-server", "--port", s.redis_port, "--bind", "127.0.0.1", "--dir", d,
+                "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no",
+                "--logfile", d / "redis.log"]
+        if self.redis_password:
+            argv += ["--requirepass", self.redis_password]
+        p = runner.spawn(argv)
+        s.redis_pid = p.pid
+        s.procs.append(p)
+        wait_port(s.redis_port)
+
+    def restart_redis(self, name: str) -> None:
+        s = self.sites[name]
+        _kill(s.redis_pid)
+        port = s.redis_port
+        d = s.root / "redis"
+        argv = ["redis-server", "--port", port, "--bind", "127.0.0.1", "--dir", d,
+                "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no",
+                "--logfile", d / "redis.log"]
+        if self.redis_password:
+            argv += ["--requirepass", self.redis_password]
+        p = runner.spawn(argv)
+        s.redis_pid = p.pid
+        s.procs.append(p)
+        wait_port(port)
+
+    def _keys(self) -> None:
+        """Host keys per site, and one replication key per direction."""
+        for s in self.sites.values():
+            k = s.root / "ssh"
+            k.mkdir(parents=True, exist_ok=True)
+            os.chmod(k, 0o700)
+            if not (k / "host_ed25519").exists():
+                runner.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"drsvc-host-{s.name}",
+                            "-f", k / "host_ed25519"])
+            for peer in self.sites:
+                if peer != s.name and not (k / f"to-{peer}").exists():
+                    runner.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"drsvc-{s.name}-to-{peer}",
+                                "-f", k / f"to-{peer}"])
+
+    def _start_sshd(self, s: LabSite) -> None:
+        k = s.root / "ssh"
+        s.sshd_port = s.sshd_port or free_port()
+        lines = []
+        for peer in self.sites.values():
+            if peer.name != s.name:
+                pub = (peer.root / "ssh" / f"to-{s.name}.pub").read_text().strip()
+                lines.append(f'command="{receiver_command(s.pool)}",restrict {pub}')
+        (k / "authorized_keys").write_text("\n".join(lines) + "\n")
+        os.chmod(k / "authorized_keys", 0o600)
+        (k / "sshd_config").write_text("\n".join([
+            f"Port {s.sshd_port}", "ListenAddress 127.0.0.1", f"HostKey {k / 'host_ed25519'}",
+            f"PidFile {k / 'sshd.pid'}", f"AuthorizedKeysFile {k / 'authorized_keys'}",
+            "PermitRootLogin forced-commands-only", "PubkeyAuthentication yes",
+            "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no",
+            "StrictModes no", "AllowTcpForwarding no", "AllowAgentForwarding no", "X11Forwarding no",
+            "PermitTTY no", "PermitTunnel no", "PermitUserEnvironment no", "PrintMotd no",
+            "Ciphers aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,aes128-ctr",
+            "LogLevel VERBOSE", ""]))
+        Path("/run/sshd").mkdir(exist_ok=True)
+        p = runner.spawn([SSHD, "-D", "-e", "-f", k / "sshd_config"],
+                         stdout=open(k / "sshd.log", "ab"), stderr=open(k / "sshd.log", "ab"))
+        s.sshd_pid = p.pid
+        s.procs.append(p)
+        wait_port(s.sshd_port)
+
+    def stop_sshd(self, name: str) -> None:
+        s = self.sites[name]
+        _kill(s.sshd_pid)
+        s.sshd_pid = 0
+
+    def start_sshd(self, name: str) -> None:
+        self._start_sshd(self.sites[name])
+
+    def _write_config(self, s: LabSite) -> None:
+        peers = []
+        for peer in self.sites.values():
+            if peer.name == s.name:
+                continue
+            host_pub = (peer.root / "ssh" / "host_ed25519.pub").read_text().split()
+            kh = s.root / "ssh" / f"{peer.name}.known_hosts"
+            kh.write_text(f"[127.0.0.1]:{peer.sshd_port} {host_pub[0]} {host_pub[1]}\n")
+            peers.append(f'[peers.{peer.name}]\nhost = "127.0.0.1"\nport = {peer.sshd_port}\nuser = "root"\n'
+                         f'known_hosts = "{kh}"\nkey = "{s.root / "ssh" / f"to-{peer.name}"}"\n')
+        auth = f":{self.redis_password}@" if self.redis_password else ""
+        s.config_path = s.root / "site.toml"
+        s.config_path.write_text(
+            f'site = "{s.name}"\nnode_id = "{s.name}-node"\npool = "{s.pool}"\n'
+            f'endpoint = "{s.endpoint}"\nredis_url = "redis://{auth}127.0.0.1:{s.redis_port}/0"\n'
+            f'metrics_port = {free_port()}\n\n' + "\n".join(peers))
+        os.chmod(s.config_path, 0o600)    # it may carry the Redis password
+
+    # -- whole lab -------------------------------------------------------------------
+    def build(self) -> "Lab":
+        for s in self.sites.values():
+            self._mount_pool(s)
+            self._start_redis(s)
+        self._keys()
+        for s in self.sites.values():
+            self._start_sshd(s)
+        for s in self.sites.values():
+            self._write_config(s)
+        return self
+
+    def up(self, *names, components=("plugin", "worker", "scheduler")) -> None:
+        for n in names or self.sites:
+            self.sites[n].run.up(components)
+
+    def down(self, *names) -> None:
+        for n in names or self.sites:
+            self.sites[n].run.down()
+
+    def teardown(self) -> None:
+        for s in self.sites.values():
+            if s.config_path and s.config_path.exists():
+                try:
+                    s.run.down()
+                except Exception:  # noqa: BLE001 - tear down as much as we can
+                    pass
+            for p in s.procs:
+                _kill(p.pid)
+            _unmount_under(s.root)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _kill(pid: int) -> None:
+    if not pid:
+        return
+    import signal
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+def _unmount_under(root: Path) -> None:
+    """Unmount everything below *root* (deepest first) and detach its loop devices."""
+    from .host import loop, mounts
+    root = str(Path(root).resolve())
+    targets = sorted({m.target for m in mounts.mounts() if m.target.startswith(root + "/")},
+                     key=len, reverse=True)
+    for t in targets:
+        runner.run(["umount", "-l", t], check=False)
+    for entry in Path("/sys/block").glob("loop*"):
+        backing = loop.backing_of(f"/dev/{entry.name}") or ""
+        if backing.startswith(root + "/"):
+            runner.run(["losetup", "-d", f"/dev/{entry.name}"], check=False)

@@ -1,0 +1,113 @@
+"""Start, stop and inspect one site's processes: plugin, worker, scheduler.
+
+`drsvc site up` uses this. Each process writes a log and a pid file under the
+site's run directory, so `down` and `status` work from another shell.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import runner
+from .config import SiteConfig, socket_path
+
+COMPONENTS = ("plugin", "worker", "scheduler")
+
+
+def _argv(component: str, cfg: SiteConfig) -> list[str]:
+    py = sys.executable
+    if component == "plugin":
+        return [py, "-m", "csi_plugin", "--config", str(cfg.path)]
+    if component == "worker":
+        return [py, "-c", "import sys; from workers.tasks import worker_main; sys.exit(worker_main())",
+                "--config", str(cfg.path), "--hostname", f"{cfg.site}@%h"]
+    if component == "scheduler":
+        return [py, "-m", "workers.scheduler", "--config", str(cfg.path)]
+    if component == "metrics":
+        return [py, "-m", "workers.metrics", "--config", str(cfg.path)]
+    raise ValueError(component)
+
+
+@dataclass
+class SiteRun:
+    cfg: SiteConfig
+
+    @property
+    def run_dir(self) -> Path:
+        d = Path(self.cfg.pool).parent / f"run-{self.cfg.site}"
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def pid_file(self, component: str) -> Path:
+        return self.run_dir / f"{component}.pid"
+
+    def log_file(self, component: str) -> Path:
+        return self.run_dir / f"{component}.log"
+
+    def pid(self, component: str) -> int | None:
+        try:
+            pid = int(self.pid_file(component).read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        return pid
+
+    def start(self, component: str, extra_env: dict | None = None) -> int:
+        if (pid := self.pid(component)) is not None:
+            return pid
+        env = dict(os.environ, DRSVC_CONFIG=str(self.cfg.path), PYTHONUNBUFFERED="1", **(extra_env or {}))
+        log = open(self.log_file(component), "ab")
+        proc = runner.spawn(_argv(component, self.cfg), env=env, stdout=log, stderr=log)
+        self.pid_file(component).write_text(str(proc.pid))
+        return proc.pid
+
+    def stop(self, component: str, *, sig=signal.SIGTERM, timeout: float = 20) -> None:
+        pid = self.pid(component)
+        if pid is None:
+            self.pid_file(component).unlink(missing_ok=True)
+            return
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.pid(component) is not None:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            time.sleep(0.1)
+        if self.pid(component) is not None:
+            os.killpg(pid, signal.SIGKILL)
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        self.pid_file(component).unlink(missing_ok=True)
+
+    def up(self, components=COMPONENTS) -> None:
+        for c in components:
+            self.start(c)
+        self.wait_socket()
+
+    def down(self, components=COMPONENTS) -> None:
+        for c in reversed(components):
+            self.stop(c)
+
+    def status(self) -> dict:
+        return {c: self.pid(c) for c in COMPONENTS}
+
+    def wait_socket(self, timeout: float = 30) -> None:
+        sock = socket_path(self.cfg.endpoint)
+        deadline = time.monotonic() + timeout
+        while not sock.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"plugin socket {sock} did not appear; see {self.log_file('plugin')}")
+            time.sleep(0.1)
