@@ -144,3 +144,64 @@ class CommandTimeout(CommandFailed):
 
 class CorruptMetadata(InternalError):
     template = "metadata file {path} is unreadable: {reason}"
+
+
+# -- replication ------------------------------------------------------------
+class UnitNotFound(NotFound):
+    template = "replication unit {unit_id!r} does not exist"
+
+
+class PeerUnreachable(Unavailable):
+    template = "peer {peer} is unreachable: {reason}"
+
+
+class PeerUntrusted(PreconditionFailed):
+    template = "host key of peer {peer} is not trusted: {reason}"
+
+
+class HostKeyMismatch(PeerUntrusted):
+    template = "host key of peer {peer} does not match the key pinned in {known_hosts}"
+
+
+class PeerAuthFailed(PreconditionFailed):
+    template = "peer {peer} refused the replication key: {reason}"
+
+
+class ProtocolError(InvalidInput):
+    template = "replication protocol error: {reason}"
+
+
+class StreamCorrupt(ProtocolError):
+    template = "replication stream corrupt: {reason}"
+
+
+class UnsupportedVersion(ProtocolError):
+    template = "protocol version {version} is not supported (supported: {supported})"
+
+
+class UnknownVerb(ProtocolError):
+    template = "verb {verb!r} is not allowed"
+
+
+class BaseMismatch(PreconditionFailed):
+    template = "replica {unit_id!r} is at generation {have}; the delta needs base {base}"
+
+
+class StaleEpoch(PreconditionFailed):
+    template = "epoch {epoch} for {unit_id!r} is older than the replica's epoch {have}"
+
+
+class ReplicaIsPrimary(PreconditionFailed):
+    template = "unit {unit_id!r} is primary on this site and accepts no deltas"
+
+
+class NotPrimary(PreconditionFailed):
+    template = "unit {unit_id!r} is {role} on this site; only a primary syncs"
+
+
+class ReplicationConflict(PreconditionFailed):
+    template = "unit {unit_id!r}: {reason}"
+
+
+class RemoteError(InternalError):
+    template = "peer failed: {reason}"

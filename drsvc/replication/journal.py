@@ -1,0 +1,217 @@
+"""The receiver's transaction journal: records are made durable here first, then applied.
+
+    journal/tx.json       the transaction (unit, txid, base -> target, epoch, members)
+    journal/records.bin   verified records, each a protocol RECORD header + decoded payload
+    journal/staging/      new images of members that have no base (written in place)
+    journal/commit.json   the commit marker: once it exists the transaction is applied,
+                          by this process or by replay at the next contact
+
+Applying is idempotent (absolute writes, punches, truncates and renames), so a
+replay after a crash at any point converges on the target generation.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from .. import store
+from ..errors import StreamCorrupt
+from . import protocol
+from .blockmap import punch_hole
+from .layout import PoolLayout, check_id
+from .protocol import CODEC_RAW, CODEC_ZERO, RECORD, ManifestChain, RecordHeader
+
+FLAG_DIRECT = 0x1   # payload was written straight into a staging image
+_BUF = 1 << 20
+
+
+class Journal:
+    def __init__(self, layout: PoolLayout, unit_id: str):
+        self.layout = layout
+        self.unit_id = unit_id
+        self.dir = layout.journal_dir(unit_id)
+        self.tx: dict = {}
+        self._records = None
+        self._staging_fds: dict[int, int] = {}
+        self.chain = ManifestChain()
+
+    # -- paths
+    @property
+    def records_path(self) -> Path:
+        return self.dir / "records.bin"
+
+    @property
+    def commit_path(self) -> Path:
+        return self.dir / "commit.json"
+
+    def staging_path(self, volume_id: str) -> Path:
+        return self.dir / "staging" / f"{check_id(volume_id, 'volume id')}.img"
+
+    # -- lifecycle
+    def exists(self) -> bool:
+        return (self.dir / "tx.json").exists()
+
+    def load(self) -> bool:
+        doc = store.read_doc(self.dir / "tx.json")
+        if doc is None:
+            return False
+        self.tx = doc
+        for m in doc["members"]:
+            check_id(m["volume_id"], "volume id")
+        return True
+
+    def committed(self) -> bool:
+        doc = store.read_doc(self.commit_path)
+        return bool(doc) and doc.get("txid") == self.tx.get("txid")
+
+    def create(self, tx: dict) -> None:
+        """Start a fresh journal for *tx* (any previous uncommitted one is dropped)."""
+        self.discard()
+        (self.dir / "staging").mkdir(parents=True)
+        for m in tx["members"]:
+            if m["fresh"]:
+                fd = os.open(self.staging_path(m["volume_id"]), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+                try:
+                    os.ftruncate(fd, m["size"])
+                finally:
+                    os.close(fd)
+        fd = os.open(self.records_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.close(fd)
+        store.write_doc(self.dir / "tx.json", tx)   # last: tx.json marks the journal complete
+        store.fsync_dir(self.dir.parent)
+        self.tx = tx
+        self.chain = ManifestChain()
+
+    def discard(self) -> None:
+        self.close()
+        if self.dir.exists():
+            # tx.json first, so a crash mid-removal leaves no journal that looks valid
+            store.remove(self.dir / "tx.json")
+            shutil.rmtree(self.dir)
+            store.fsync_dir(self.dir.parent)
+
+    def close(self) -> None:
+        if self._records is not None:
+            self._records.close()
+            self._records = None
+        for fd in self._staging_fds.values():
+            os.close(fd)
+        self._staging_fds.clear()
+
+    # -- records
+    def _staging_fd(self, member: int) -> int:
+        fd = self._staging_fds.get(member)
+        if fd is None:
+            fd = os.open(self.staging_path(self.tx["members"][member]["volume_id"]), os.O_RDWR)
+            self._staging_fds[member] = fd
+        return fd
+
+    def scan(self) -> int:
+        """Verify the journaled records, cut a torn or corrupt tail, and rebuild the chain.
+
+        Returns the number of valid records: the sender resumes after them."""
+        self.close()
+        self.chain = ManifestChain()
+        good = 0
+        members = self.tx["members"]
+        with open(self.records_path, "rb") as f:
+            while True:
+                raw = f.read(RECORD.size)
+                if len(raw) < RECORD.size:
+                    break
+                member, codec, flags, offset, length, checksum = RECORD.unpack(raw)
+                if member >= len(members) or codec not in (CODEC_RAW, CODEC_ZERO):
+                    break
+                hdr = RecordHeader(member, codec, offset, length, checksum)
+                if codec == CODEC_RAW:
+                    if flags & FLAG_DIRECT:
+                        data = os.pread(self._staging_fd(member), length, offset)
+                    else:
+                        data = f.read(length)
+                    if len(data) != length or protocol.payload_checksum(data) != checksum:
+                        break
+                self.chain.update(member, hdr.is_zero, offset, length, checksum)
+                good = f.tell()
+        with open(self.records_path, "r+b") as f:
+            f.truncate(good)
+            os.fsync(f.fileno())
+        return self.chain.count
+
+    def append(self, hdr: RecordHeader, data) -> None:
+        """Journal one verified record (data is the decoded payload, None for zeros)."""
+        if self._records is None:
+            self._records = open(self.records_path, "ab", buffering=_BUF)
+        m = self.tx["members"][hdr.member]
+        end = hdr.offset + hdr.length
+        if end > m["size"]:
+            raise StreamCorrupt(reason=f"record [{hdr.offset}, {end}) beyond image size {m['size']}")
+        flags = 0
+        if m["fresh"]:
+            flags = FLAG_DIRECT
+            fd = self._staging_fd(hdr.member)
+            if data is None:
+                punch_hole(fd, hdr.offset, hdr.length)
+            else:
+                os.pwrite(fd, data, hdr.offset)
+        codec = CODEC_ZERO if data is None else CODEC_RAW
+        self._records.write(RECORD.pack(hdr.member, codec, flags, hdr.offset, hdr.length, hdr.checksum))
+        if data is not None and not flags:
+            self._records.write(data)
+        self.chain.update(hdr.member, data is None, hdr.offset, hdr.length, hdr.checksum)
+
+    def sync(self) -> None:
+        if self._records is not None:
+            self._records.flush()
+            os.fsync(self._records.fileno())
+        for fd in self._staging_fds.values():
+            os.fsync(fd)
+
+    def mark_committed(self, count: int, manifest: str) -> None:
+        self.sync()
+        store.write_doc(self.commit_path, {"txid": self.tx["txid"], "records": count, "manifest": manifest})
+
+    # -- apply
+    def apply(self) -> None:
+        """Apply a committed journal to the pool's images; safe to repeat."""
+        self.close()
+        members = self.tx["members"]
+        fds: dict[int, int] = {}
+        try:
+            for i, m in enumerate(members):
+                if m["fresh"]:
+                    continue
+                fd = os.open(self.layout.image(m["volume_id"]), os.O_RDWR)
+                fds[i] = fd
+                if os.fstat(fd).st_size != m["size"]:
+                    os.ftruncate(fd, m["size"])   # growth is part of the transaction
+            with open(self.records_path, "rb", buffering=_BUF) as f:
+                while True:
+                    raw = f.read(RECORD.size)
+                    if len(raw) < RECORD.size:
+                        break
+                    member, codec, flags, offset, length, _ck = RECORD.unpack(raw)
+                    if flags & FLAG_DIRECT:
+                        continue
+                    if codec == CODEC_ZERO:
+                        punch_hole(fds[member], offset, length)
+                    else:
+                        os.pwrite(fds[member], f.read(length), offset)
+            for fd in fds.values():
+                os.fsync(fd)
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+        self.layout.images.mkdir(parents=True, exist_ok=True)
+        for m in members:
+            if not m["fresh"]:
+                continue
+            staged = self.staging_path(m["volume_id"])
+            if staged.exists():   # absent when a previous replay already renamed it
+                fd = os.open(staged, os.O_RDWR)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.replace(staged, self.layout.image(m["volume_id"]))
+        store.fsync_dir(self.layout.images)

@@ -1,0 +1,385 @@
+"""The sender: steps of one sync. capture -> plan -> stream -> commit -> finalize.
+
+Every step is safe to repeat. The order of side effects makes a retry converge:
+
+1. capture + plan into ``snap/tmp-<txid>/`` (ours alone; swept at the next sync);
+2. rename it to ``snap/<target>/``: the intent, "this generation may be on the wire";
+3. stream it; the peer journals, commits and applies it;
+4. record the result: state.json says generation = target; drop the old base.
+
+A sync that finds ``snap/<target>/`` left by a failed run asks the peer: if the
+peer committed that txid the generation is adopted (finalize); if not, it is
+resumed (same snapshot, same plan, skipping what the peer already journaled).
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import store
+from ..errors import (InvalidParameter, NotPrimary, ReplicationConflict, StaleEpoch,
+                      VolumeNotFound)
+from ..host import fiemap as fiemap_mod
+from ..host.freeze import frozen
+from ..host.reflink import clone_file, data_ranges
+from . import plan as planner
+from .blockmap import DEFAULT_BLOCK_SIZE, BlockMap, EmptyMap, check_block_size, copy_map
+from .delta import AdaptiveCodec, PlanWriter, ScanStats, manifest_of, scan_member, stream_records
+from .faults import failpoint
+from .layout import PoolLayout, check_id
+from .remote import ApplySession
+from .report import SyncReport
+from .state import UnitState, find_state, save_state
+
+log = logging.getLogger(__name__)
+MODES = ("delta", "compare")
+
+
+@dataclass
+class Prepared:
+    dir: Path
+    meta: dict
+
+
+def _rmtree(path: Path) -> None:
+    if path.exists():
+        shutil.rmtree(path)
+        store.fsync_dir(path.parent)
+
+
+def _load_pending(layout: PoolLayout, unit_id: str, acked: int) -> Prepared | None:
+    d = layout.snap_dir(unit_id, acked + 1)
+    meta = store.read_doc(d / "meta.json")
+    if meta is None or not meta.get("complete"):
+        return None
+    return Prepared(d, meta)
+
+
+def _sweep(layout: PoolLayout, unit_id: str, keep: set) -> None:
+    """Remove snapshot dirs that are neither the acked base nor the pending generation."""
+    root = layout.snap_root(unit_id)
+    if not root.exists():
+        return
+    for child in root.iterdir():
+        if child.name not in keep:
+            shutil.rmtree(child, ignore_errors=True)
+
+
+def _base_meta(layout, unit_id, st: UnitState) -> dict:
+    if st.generation <= 0:
+        return {}
+    return store.read_doc(layout.snap_dir(unit_id, st.generation) / "meta.json") or {}
+
+
+def capture(layout: PoolLayout, members, dest: Path, mountpoints=()) -> dict:
+    """Reflink snapshots of every member at one instant: freeze all, clone all, thaw all."""
+    dest.mkdir(parents=True)
+    reflinked = {}
+    with frozen(mountpoints):
+        for vol in members:
+            try:
+                reflinked[vol] = clone_file(layout.image(vol), dest / f"{vol}.img", fsync=False)
+            except FileNotFoundError:
+                raise VolumeNotFound(volume_id=vol) from None
+    for vol in members:   # durability after the thaw, so the freeze lasts only the clones
+        fd = os.open(dest / f"{vol}.img", os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return reflinked
+
+
+def _member_scan(fd, size, base_img: Path | None, base_size, bs, use_fiemap: bool):
+    if use_fiemap and base_img is not None:
+        try:
+            bfd = os.open(base_img, os.O_RDONLY)
+            try:
+                return planner.plan_from_extents(fiemap_mod.fiemap(fd, size),
+                                                 fiemap_mod.fiemap(bfd, base_size),
+                                                 size, base_size, bs), True
+            finally:
+                os.close(bfd)
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.ENOTTY, errno.EINVAL, errno.ENOENT):
+                raise
+            log.info("FIEMAP unavailable (%s); hashing every block", e)
+    return planner.plan_full_scan([(o, o + n) for o, n in data_ranges(fd, size)], size, base_size, bs), False
+
+
+def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int, txid: str,
+            target: int, base_generation: int, mode: str, peer_maps: dict | None = None) -> Prepared:
+    """Capture and plan one generation into a private directory."""
+    unit_id = st.unit_id
+    tmp = layout.snap_root(unit_id) / f"tmp-{txid}"
+    t0 = time.monotonic()
+    reflinked = capture(layout, members, tmp, mountpoints)
+    t_capture = time.monotonic() - t0
+    base_dir = layout.snap_dir(unit_id, st.generation)
+    base_meta = {m["volume_id"]: m for m in _base_meta(layout, unit_id, st).get("members", [])}
+    stats = ScanStats()
+    pw = PlanWriter(tmp / "plan.bin")
+    out_members = []
+    used_fiemap = False
+    try:
+        for idx, vol in enumerate(members):
+            fd = os.open(tmp / f"{vol}.img", os.O_RDONLY)
+            try:
+                size = os.fstat(fd).st_size
+                new_mp = tmp / f"{vol}.map"
+                base_img = None
+                if mode == "compare":
+                    exists, psize, ppath = peer_maps.get(vol, (False, 0, None))
+                    fresh = not exists
+                    base_size = psize if exists else 0
+                    base_map = BlockMap.open(ppath) if exists else EmptyMap(bs)
+                    new_map, from_base = BlockMap.create(new_mp, bs, size), False
+                else:
+                    base_mp = base_dir / f"{vol}.map"
+                    fresh = not (st.generation > 0 and vol in st.members and vol in base_meta
+                                 and base_mp.exists() and (base_dir / f"{vol}.img").exists())
+                    if fresh:
+                        base_size, base_map = 0, EmptyMap(bs)
+                        new_map, from_base = BlockMap.create(new_mp, bs, size), False
+                    else:
+                        base_map = BlockMap.open(base_mp)
+                        base_size = base_map.size
+                        base_img = base_dir / f"{vol}.img"
+                        copy_map(base_mp, new_mp)
+                        new_map, from_base = BlockMap.open(new_mp, writable=True), True
+                        new_map.resize(size)
+                try:
+                    use_fiemap = (not fresh and mode == "delta" and reflinked[vol]
+                                  and base_meta.get(vol, {}).get("reflinked", False))
+                    ms, fiemapped = _member_scan(fd, size, base_img, base_size, bs, use_fiemap)
+                    used_fiemap = used_fiemap or fiemapped
+                    scan_member(idx, fd, size, base_map, new_map, from_base, ms, bs, pw, stats)
+                    new_map.fsync()
+                finally:
+                    base_map.close()
+                    new_map.close()
+            finally:
+                os.close(fd)
+            out_members.append({"volume_id": vol, "size": size, "base_size": base_size,
+                                "fresh": fresh, "reflinked": reflinked[vol]})
+    finally:
+        pw.close()
+    meta = {"txid": txid, "generation": target, "base_generation": base_generation, "mode": mode,
+            "members": out_members, "records": pw.count, "block_size": bs, "fiemap": used_fiemap,
+            "scanned": stats.scanned, "changed": stats.changed, "zeroed": stats.zeroed,
+            "capture_s": t_capture, "plan_s": time.monotonic() - t0 - t_capture,
+            "created_at": time.time(), "complete": True}
+    store.write_doc(tmp / "meta.json", meta)
+    return Prepared(tmp, meta)
+
+
+def _adopt(layout: PoolLayout, st: UnitState, prepared: Prepared, *, epoch: int, peer_name: str,
+           demote: bool = False, report: dict | None = None) -> None:
+    """Record that the peer holds the prepared generation; it becomes the new base."""
+    meta = prepared.meta
+    old = st.generation
+    st.generation = meta["generation"]
+    st.txid = meta["txid"]
+    st.members = [m["volume_id"] for m in meta["members"]]
+    st.sizes = {m["volume_id"]: m["size"] for m in meta["members"]}
+    st.block_size = meta["block_size"]
+    st.epoch = max(st.epoch, epoch)
+    st.peer = peer_name
+    if demote:
+        st.role, st.demoted, st.demoted_at = "secondary", True, st.generation
+    if report is not None:
+        st.add_report(report)
+    save_state(layout.root, st)
+    if old != st.generation:
+        _rmtree(layout.snap_dir(st.unit_id, old))
+
+
+def sync_unit(pool, unit_id: str, members, peer, *, mountpoints=(), epoch: int | None = None,
+              demote: bool = False, mode: str = "delta", kind: str | None = None,
+              block_size: int | None = None, bwlimit: float | None = None,
+              compress: str = "auto") -> SyncReport:
+    """Replicate one volume or group to *peer* and return the report (also kept in state.json).
+
+    members: the volume ids of the unit (one for a volume unit). mountpoints:
+    filesystems to freeze during the snapshot. epoch: the fencing epoch (None:
+    the unit's). demote: carry a planned-failover demotion mark and make this
+    site secondary once the peer commits. mode "compare": diff against the
+    peer's block hashes instead of our acked snapshot (resync after split brain).
+    """
+    if mode not in MODES:
+        raise InvalidParameter(key="mode", reason=f"must be one of {MODES}")
+    if compress not in ("auto", "off", "always"):
+        raise InvalidParameter(key="compress", reason="auto, off or always")
+    layout = PoolLayout(pool)
+    check_id(unit_id)
+    members = [check_id(m, "volume id") for m in members]
+    if not members or len(set(members)) != len(members):
+        raise InvalidParameter(key="members", reason="one or more distinct volume ids")
+    layout.ensure_unit_dir(unit_id)
+    layout.snap_root(unit_id).mkdir(exist_ok=True)
+    report = SyncReport(unit_id=unit_id, mode=mode, started_at=time.time(), members=list(members))
+    t0 = time.monotonic()
+    with store.file_lock(layout.lock_path(unit_id), blocking=False, key=unit_id):
+        st = find_state(pool, unit_id)
+        if st is None:
+            st = UnitState(unit_id=unit_id, members=list(members), role="primary",
+                           kind=kind or ("volume" if members == [unit_id] else "group"),
+                           block_size=check_block_size(block_size or DEFAULT_BLOCK_SIZE))
+        elif kind:
+            st.kind = kind
+        if st.role != "primary":
+            raise NotPrimary(unit_id=unit_id, role=st.role)
+        if epoch is None:
+            epoch = st.epoch
+        elif epoch < st.epoch:
+            raise StaleEpoch(unit_id=unit_id, epoch=epoch, have=st.epoch)
+        if st.generation == 0 and block_size:
+            st.block_size = check_block_size(block_size)
+        bs = st.block_size
+        report.epoch = epoch
+        pending = _load_pending(layout, unit_id, st.generation)
+        keep = {str(st.generation)} | ({str(st.generation + 1)} if pending else set())
+        _sweep(layout, unit_id, keep)
+
+        session = ApplySession(peer, unit_id, bwlimit=bwlimit)
+        early = None
+        try:
+            session.request_status()
+            if pending is None and mode == "delta":
+                # capture and plan while the peer starts its receiver and replies
+                early = prepare(layout, st, members, mountpoints=mountpoints, bs=bs,
+                                txid=uuid.uuid4().hex, target=st.generation + 1,
+                                base_generation=st.generation, mode="delta")
+            peer_st = session.read_status()
+            report.phases["connect_s"] = round(time.monotonic() - t0, 4)
+            pend = (planner.Pending(pending.meta["generation"], pending.meta["txid"],
+                                    tuple(m["volume_id"] for m in pending.meta["members"]))
+                    if pending else None)
+            steps = planner.reconcile(unit_id, st.generation, pend, peer_st, members, mode)
+            report.steps = steps
+            prepared = None
+            for step in steps:
+                if step == "finalize":
+                    _adopt(layout, st, pending, epoch=epoch, peer_name=peer.name)
+                    pending = None
+                    if early is not None:   # planned against the old base
+                        _rmtree(early.dir)
+                        early = None
+                elif step == "discard":
+                    _rmtree(pending.dir)
+                    pending = None
+                elif step == "resume":
+                    prepared, report.resumed = pending, True
+                elif step == "sync":
+                    prepared, early = early, None
+                    if prepared is None:
+                        prepared = prepare(layout, st, members, mountpoints=mountpoints, bs=bs,
+                                           txid=uuid.uuid4().hex, target=st.generation + 1,
+                                           base_generation=st.generation, mode="delta")
+                elif step == "compare":
+                    if early is not None:
+                        _rmtree(early.dir)
+                        early = None
+                    txid = uuid.uuid4().hex
+                    maps_dir = layout.snap_root(unit_id) / f"tmp-maps-{txid}"
+                    maps_dir.mkdir()
+                    try:
+                        maps = session.fetch_maps(members, bs, maps_dir)
+                        peer_gen = int(peer_st.get("generation") or 0)
+                        prepared = prepare(layout, st, members, mountpoints=mountpoints, bs=bs,
+                                           txid=txid, target=max(st.generation, peer_gen) + 1,
+                                           base_generation=peer_gen, mode="compare", peer_maps=maps)
+                    finally:
+                        shutil.rmtree(maps_dir, ignore_errors=True)
+            report.phases["prepare_s"] = round(time.monotonic() - t0 - report.phases["connect_s"], 4)
+            meta = prepared.meta
+            if prepared.dir.name != str(meta["generation"]):
+                # the intent: from here on this generation may exist at the peer
+                final = layout.snap_dir(unit_id, meta["generation"])
+                _rmtree(final)
+                os.rename(prepared.dir, final)
+                store.fsync_dir(final.parent)
+                prepared = Prepared(final, meta)
+            _stream(session, prepared, report, unit_id=unit_id, epoch=epoch, demote=demote,
+                    kind=st.kind, peer_name=peer.name, compress=compress)
+            failpoint("sender.after_commit")
+            report.duration_s = time.monotonic() - t0
+            _adopt(layout, st, prepared, epoch=epoch, peer_name=peer.name, demote=demote,
+                   report=report.to_dict())
+        finally:
+            if early is not None:
+                shutil.rmtree(early.dir, ignore_errors=True)
+            session.close()
+    report.duration_s = time.monotonic() - t0
+    return report
+
+
+def _stream(session: ApplySession, prepared: Prepared, report: SyncReport, *, unit_id, epoch,
+            demote, kind, peer_name, compress) -> None:
+    meta = prepared.meta
+    plan_path = prepared.dir / "plan.bin"
+    t0 = time.monotonic()
+    tx = {"txid": meta["txid"], "kind": kind, "base": meta["base_generation"],
+          "target": meta["generation"], "epoch": epoch, "block_size": meta["block_size"],
+          "mode": meta["mode"], "force": meta["mode"] == "compare", "demote": demote,
+          "peer": os.uname().nodename,
+          "members": [{k: m[k] for k in ("volume_id", "size", "base_size", "fresh")}
+                      for m in meta["members"]]}
+    ready = session.begin(tx)
+    skip = int(ready.get("resume_records") or 0)
+    if skip:
+        if skip > meta["records"] or manifest_of(plan_path, skip).hexdigest() != ready.get("manifest"):
+            log.warning("peer journal of %s does not match our plan; restarting it", unit_id)
+            session.restart()
+            skip = 0
+    fds = [os.open(prepared.dir / f"{m['volume_id']}.img", os.O_RDONLY) for m in meta["members"]]
+    try:
+        try:
+            sent, chain = stream_records(plan_path, fds, session.send, skip=skip,
+                                         codec=AdaptiveCodec(compress))
+        except ReplicationConflict as e:
+            raise ReplicationConflict(unit_id=unit_id, reason=e.fields.get("reason", str(e))) from None
+    finally:
+        for fd in fds:
+            os.close(fd)
+    reply = session.commit(chain.count, chain.hexdigest())
+    if reply.get("txid") != meta["txid"] or reply.get("generation") != meta["generation"]:
+        raise ReplicationConflict(unit_id=unit_id, reason=f"peer committed {reply}, expected {meta['txid']}")
+    report.phases["stream_s"] = round(time.monotonic() - t0, 4)
+    report.txid = meta["txid"]
+    report.base_generation = meta["base_generation"]
+    report.target_generation = meta["generation"]
+    report.members = [m["volume_id"] for m in meta["members"]]
+    report.bytes_scanned = meta["scanned"]
+    report.bytes_changed = meta["changed"]
+    report.bytes_zeroed = meta["zeroed"]
+    report.records = meta["records"]
+    report.records_sent = sent
+    report.reflink = bool(meta.get("fiemap"))
+    report.phases["capture_s"] = round(meta.get("capture_s", 0), 4)
+    report.phases["plan_s"] = round(meta.get("plan_s", 0), 4)
+    report.bytes_on_wire = session.bytes_sent   # the whole conversation, control included
+
+
+def release_unit(pool, unit_id: str) -> bool:
+    """Forget the local replication state of a unit (snapshots, maps, state.json)."""
+    layout = PoolLayout(pool)
+    d = layout.unit_dir(unit_id)
+    if not d.exists():
+        return False
+    with store.file_lock(layout.lock_path(unit_id), blocking=False, key=unit_id):
+        store.remove(layout.state_path(unit_id))
+        for child in d.iterdir():
+            if child.name != ".lock":
+                if child.is_dir():
+                    shutil.rmtree(child)
+                else:
+                    child.unlink()
+    shutil.rmtree(d, ignore_errors=True)
+    return True

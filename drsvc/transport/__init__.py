@@ -1,0 +1,110 @@
+"""The peer interface: a way to run one receiver verb on the peer site and talk to it.
+
+Transports (ssh, local) only move bytes; the protocol lives in drsvc.replication.
+Importing this package never imports paramiko (drsvc.transport.ssh does).
+"""
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+
+
+class Channel(ABC):
+    """A bidirectional byte stream to one receiver process."""
+
+    bytes_sent: int = 0
+
+    @abstractmethod
+    def send(self, data) -> None:
+        """Send all of *data*; raises PeerUnreachable when the connection is gone."""
+
+    @abstractmethod
+    def recv(self, n: int) -> bytes:
+        """Up to *n* bytes; b"" at end of stream."""
+
+    @abstractmethod
+    def close_write(self) -> None:
+        """Signal end of input to the receiver."""
+
+    @abstractmethod
+    def close(self) -> None:
+        ...
+
+    def exit_status(self, timeout: float = 5.0) -> int | None:
+        return None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Peer(ABC):
+    """A replication peer. One Peer is reused for every verb and member of a sync."""
+
+    name: str = "peer"
+
+    @abstractmethod
+    def open(self, verb: str, *args: str) -> Channel:
+        """Start the receiver with this verb and return its channel."""
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class TokenBucket:
+    """A bandwidth limit in bytes per second, with one second of burst."""
+
+    def __init__(self, rate: float, burst: float | None = None):
+        self.rate = float(rate)
+        self.capacity = float(burst if burst is not None else rate)
+        self.tokens = self.capacity
+        self.stamp = time.monotonic()
+
+    def take(self, n: int) -> None:
+        while True:
+            now = time.monotonic()
+            self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
+            self.stamp = now
+            if self.tokens >= min(n, self.capacity):
+                self.tokens -= n   # may go negative for a frame larger than the burst
+                return
+            time.sleep(min(0.25, (min(n, self.capacity) - self.tokens) / self.rate))
+
+
+class LimitedChannel(Channel):
+    """Wraps a channel with a token bucket on what it sends."""
+
+    def __init__(self, inner: Channel, bucket: TokenBucket):
+        self.inner, self.bucket = inner, bucket
+
+    @property
+    def bytes_sent(self):
+        return self.inner.bytes_sent
+
+    def send(self, data) -> None:
+        mv = memoryview(data)
+        step = 64 << 10
+        for i in range(0, len(mv), step):
+            part = mv[i:i + step]
+            self.bucket.take(len(part))
+            self.inner.send(part)
+
+    def recv(self, n):
+        return self.inner.recv(n)
+
+    def close_write(self):
+        self.inner.close_write()
+
+    def close(self):
+        self.inner.close()
+
+    def exit_status(self, timeout: float = 5.0):
+        return self.inner.exit_status(timeout)
