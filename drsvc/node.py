@@ -96,6 +96,8 @@ class NodeService:
         check_capabilities([cap])
         vol = self.volumes.get_volume(volume_id)
         staging_path = os.path.normpath(staging_path)
+        if self.publish_policy is not None:
+            self.publish_policy(volume_id, cap.access_mode in READONLY_MODES)
         with self.pool.lock(volume_id):
             st = self.find_state(volume_id) or NodeState(volume_id=volume_id)
             if st.staging_path and st.staging_path != staging_path:

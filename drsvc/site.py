@@ -5,6 +5,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import SiteConfig
+from .errors import PreconditionFailed
+from .replication import state as unit_state
 from .groups import GroupService
 from .node import NodeService
 from .pool import Pool
@@ -29,7 +31,19 @@ class Site:
         node = NodeService(pool, volumes, node_id)
         site = cls(pool, volumes, node, None, node_id, config)
         site.groups = GroupService(pool, volumes, in_use=node.in_use, replicated=site.is_replicated)
+        node.publish_policy = site.check_writable
         return site
+
+    def check_writable(self, volume_id: str, readonly: bool) -> None:
+        """A replication secondary may be used read-only, never read-write."""
+        if readonly:
+            return
+        vol = self.volumes.find_volume(volume_id)
+        unit = (vol.group_id if vol and vol.group_id else volume_id)
+        st = unit_state.find_state(self.pool.root, unit)
+        if st is not None and st.role == "secondary":
+            raise PreconditionFailed(f"volume {volume_id} is a replication secondary on site {self.pool.site}: "
+                                     "it can be published read-only only; promote it to write")
 
     @classmethod
     def from_config(cls, cfg: SiteConfig) -> "Site":

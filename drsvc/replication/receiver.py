@@ -25,7 +25,7 @@ from .. import store
 from ..errors import (BaseMismatch, DrsvcError, InvalidParameter, OperationInProgress,
                       ProtocolError, ReplicaIsPrimary, ReplicationConflict, StaleEpoch,
                       StreamCorrupt, UnitNotFound, UnknownVerb)
-from . import protocol
+from . import protocol, replica_meta
 from .faults import failpoint
 from .journal import Journal
 from .layout import PoolLayout, check_id
@@ -106,6 +106,11 @@ def record_generation(layout: PoolLayout, tx: dict) -> UnitState:
     st.peer = tx.get("peer")
     if tx.get("demote"):
         st.peer_demoted_at = tx["target"]
+    if tx["mode"] == "compare":
+        st.diverged = st.resync_requested = False
+    if tx.get("origin"):
+        st.origin = tx["origin"]
+        replica_meta.ensure_replica_metadata(layout.root, tx["unit"], tx["kind"], tx["origin"])
     save_state(layout.root, st)
     return st
 
@@ -118,7 +123,8 @@ def status_of(layout: PoolLayout, unit_id: str, journal: Journal | None = None) 
     if st is not None:
         msg.update(role=st.role, generation=st.generation, epoch=st.epoch, txid=st.txid,
                    members=st.members, sizes=st.sizes, kind=st.kind, block_size=st.block_size,
-                   peer_demoted_at=st.peer_demoted_at, demoted=st.demoted)
+                   peer_demoted_at=st.peer_demoted_at, demoted=st.demoted,
+                   diverged=st.diverged, resync_requested=st.resync_requested)
     j = journal or Journal(layout, unit_id)
     if j.tx or j.load():
         msg["journal"] = {"txid": j.tx["txid"], "base": j.tx["base"], "target": j.tx["target"],
@@ -137,8 +143,11 @@ def validate_begin(layout: PoolLayout, tx: dict) -> None:
         raise StaleEpoch(unit_id=unit_id, epoch=tx["epoch"], have=have_epoch)
     have = st.generation if st else 0
     if tx["mode"] == "compare":
-        if not tx.get("force"):
+        if not (tx.get("force") or (st is not None and st.resync_requested)):
             raise ReplicationConflict(unit_id=unit_id, reason="a compare sync must be requested explicitly")
+    elif st is not None and (st.diverged or st.resync_requested):
+        raise ReplicationConflict(unit_id=unit_id, reason="the replica holds writes of its own since it was "
+                                                          "demoted; it takes only a compare sync (ResyncVolume)")
     elif tx["base"] != have:
         raise BaseMismatch(unit_id=unit_id, have=have, base=tx["base"])
     if tx["target"] <= tx["base"] and tx["mode"] != "compare":
@@ -167,7 +176,8 @@ def parse_tx(msg: dict) -> dict:
               "base": int(msg["base"]), "target": int(msg["target"]), "epoch": int(msg["epoch"]),
               "block_size": int(msg["block_size"]), "mode": msg.get("mode", "delta"),
               "force": bool(msg.get("force")), "demote": bool(msg.get("demote")),
-              "peer": str(msg.get("peer") or "") or None, "members": members}
+              "peer": str(msg.get("peer") or "") or None, "members": members,
+              "origin": replica_meta.parse_origin(msg.get("origin"))}
     except (KeyError, TypeError, ValueError) as e:
         raise ProtocolError(reason=f"bad begin message: {e!r}") from None
     if not members or len(members) > 0xFFFF or len({m["volume_id"] for m in members}) != len(members):

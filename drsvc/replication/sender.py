@@ -203,7 +203,7 @@ def _adopt(layout: PoolLayout, st: UnitState, prepared: Prepared, *, epoch: int,
 def sync_unit(pool, unit_id: str, members, peer, *, mountpoints=(), epoch: int | None = None,
               demote: bool = False, mode: str = "delta", kind: str | None = None,
               block_size: int | None = None, bwlimit: float | None = None,
-              compress: str = "auto") -> SyncReport:
+              compress: str = "auto", origin: dict | None = None) -> SyncReport:
     """Replicate one volume or group to *peer* and return the report (also kept in state.json).
 
     members: the volume ids of the unit (one for a volume unit). mountpoints:
@@ -307,7 +307,7 @@ def sync_unit(pool, unit_id: str, members, peer, *, mountpoints=(), epoch: int |
                 store.fsync_dir(final.parent)
                 prepared = Prepared(final, meta)
             _stream(session, prepared, report, unit_id=unit_id, epoch=epoch, demote=demote,
-                    kind=st.kind, peer_name=peer.name, compress=compress)
+                    kind=st.kind, peer_name=peer.name, compress=compress, origin=origin)
             failpoint("sender.after_commit")
             report.duration_s = time.monotonic() - t0
             _adopt(layout, st, prepared, epoch=epoch, peer_name=peer.name, demote=demote,
@@ -321,14 +321,14 @@ def sync_unit(pool, unit_id: str, members, peer, *, mountpoints=(), epoch: int |
 
 
 def _stream(session: ApplySession, prepared: Prepared, report: SyncReport, *, unit_id, epoch,
-            demote, kind, peer_name, compress) -> None:
+            demote, kind, peer_name, compress, origin=None) -> None:
     meta = prepared.meta
     plan_path = prepared.dir / "plan.bin"
     t0 = time.monotonic()
     tx = {"txid": meta["txid"], "kind": kind, "base": meta["base_generation"],
           "target": meta["generation"], "epoch": epoch, "block_size": meta["block_size"],
           "mode": meta["mode"], "force": meta["mode"] == "compare", "demote": demote,
-          "peer": os.uname().nodename,
+          "peer": (origin or {}).get("site") or os.uname().nodename, "origin": origin,
           "members": [{k: m[k] for k in ("volume_id", "size", "base_size", "fresh")}
                       for m in meta["members"]]}
     ready = session.begin(tx)

@@ -37,6 +37,9 @@ class UnitState:
     peer_demoted_at: int | None = None  # receiver: the primary demoted itself at this generation
     reports: list = field(default_factory=list)
     updated_at: float = 0.0
+    diverged: bool = False             # demoted holding writes the peer lacks: no deltas until resync
+    resync_requested: bool = False     # receiver: the next sync must be a compare sync
+    origin: dict = field(default_factory=dict)  # receiver: the primary's site, schedule and volumes
 
     def to_doc(self) -> dict:
         return dataclasses.asdict(self)
@@ -128,4 +131,29 @@ def mark_demoted(pool, unit_id: str, generation: int | None = None) -> UnitState
         st.role = "secondary"
         st.demoted = True
         st.demoted_at = st.generation if generation is None else generation
+    return _locked_update(pool, unit_id, change)
+
+
+def mark_diverged(pool, unit_id: str, diverged: bool = True) -> UnitState:
+    def change(st):
+        st.diverged = diverged
+    return _locked_update(pool, unit_id, change)
+
+
+def request_resync(pool, unit_id: str) -> UnitState:
+    """A demoted copy asks the primary to overwrite its divergence (compare sync)."""
+    def change(st):
+        if st.role != "secondary":
+            raise InvalidParameter(key="role", reason=f"{unit_id} is {st.role}; only a secondary resyncs")
+        st.resync_requested = True
+    return _locked_update(pool, unit_id, change)
+
+
+def promote(pool, unit_id: str) -> UnitState:
+    """Become primary in a new epoch: deltas from the previous epoch are fenced off."""
+    def change(st):
+        st.role = "primary"
+        st.epoch += 1
+        st.demoted, st.demoted_at, st.peer_demoted_at = False, None, None
+        st.diverged = st.resync_requested = False
     return _locked_update(pool, unit_id, change)
