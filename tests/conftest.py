@@ -1,1 +1,1 @@
-pytest_plugins = ["tests.fixtures.xfs", "tests.fixtures.sites", "tests.fixtures.sshd"]
+pytest_plugins = ["tests.fixtures.xfs", "tests.fixtures.sites", "tests.fixtures.sshd", "tests.fixtures.csi"]
