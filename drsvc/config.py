@@ -9,6 +9,7 @@ Example::
     redis_url = "redis://:PASSWORD@127.0.0.1:6379/0"   # requirepass works here
     metrics_port = 9101                                 # 0: no /metrics
     secrets_file = "/etc/drsvc/rpc-secret"              # optional: require secrets.token
+    visibility_timeout = 300                            # redeliver a dead worker's task after this
 
     [peers.b]
     host = "10.0.0.2"
@@ -50,6 +51,8 @@ class SiteConfig:
     metrics_port: int = 0
     secrets_file: Path | None = None
     path: Path | None = None
+    # a task whose worker died is redelivered after this long (acks_late)
+    visibility_timeout: int = 300
 
     @property
     def queue(self) -> str:
@@ -113,7 +116,8 @@ def parse(doc: dict, path: Path | None = None) -> SiteConfig:
     return SiteConfig(site=site, node_id=doc.get("node_id", f"{site}-node"), pool=rel(_req(doc, "pool", where)),
                       endpoint=doc.get("endpoint", ""), redis_url=doc.get("redis_url", "redis://127.0.0.1:6379/0"),
                       peers=peers, metrics_port=int(doc.get("metrics_port", 0)),
-                      secrets_file=rel(doc["secrets_file"]) if doc.get("secrets_file") else None, path=path)
+                      secrets_file=rel(doc["secrets_file"]) if doc.get("secrets_file") else None, path=path,
+                      visibility_timeout=int(doc.get("visibility_timeout", 300)))
 
 
 def load(path: Path) -> SiteConfig:

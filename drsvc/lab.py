@@ -73,11 +73,12 @@ class LabSite:
 
 class Lab:
     def __init__(self, root: Path, names=("a", "b"), *, pool_size: str = "20G",
-                 redis_password: str | None = None, interval_hint: int = 10):
+                 redis_password: str | None = None, visibility_timeout: int = 20):
         self.root = Path(root)
         self.sites = {n: LabSite(n, self.root / n) for n in names}
         self.pool_size = pool_size
         self.redis_password = redis_password
+        self.visibility_timeout = visibility_timeout
 
     # -- building blocks -------------------------------------------------------------
     def _mount_pool(self, s: LabSite) -> None:
@@ -183,7 +184,8 @@ class Lab:
         s.config_path.write_text(
             f'site = "{s.name}"\nnode_id = "{s.name}-node"\npool = "{s.pool}"\n'
             f'endpoint = "{s.endpoint}"\nredis_url = "redis://{auth}127.0.0.1:{s.redis_port}/0"\n'
-            f'metrics_port = {free_port()}\n\n' + "\n".join(peers))
+            f'metrics_port = {free_port()}\nvisibility_timeout = {self.visibility_timeout}\n\n'
+            + "\n".join(peers))
         os.chmod(s.config_path, 0o600)    # it may carry the Redis password
 
     # -- whole lab -------------------------------------------------------------------

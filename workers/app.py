@@ -19,7 +19,7 @@ def make_app(cfg: SiteConfig) -> Celery:
         result_extended=True,               # task name and args in the result backend
         result_expires=7 * 24 * 3600,
         task_serializer="json", result_serializer="json", accept_content=["json"],
-        broker_transport_options={"visibility_timeout": 3600},
+        broker_transport_options={"visibility_timeout": cfg.visibility_timeout},
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
     )

@@ -43,7 +43,9 @@ def enqueue_sync(config_path: str, unit_id: str, interval: int) -> None:
     app = _app(config_path)
     cfg = app.drsvc_config
     r = redis.Redis.from_url(cfg.redis_url, socket_timeout=10)
-    if not r.set(sync_marker(cfg.site, unit_id), "1", nx=True, ex=max(600, 4 * interval)):
+    # the marker outlives a dead worker only until its task would be redelivered
+    ttl = max(30, min(3 * interval, cfg.visibility_timeout))
+    if not r.set(sync_marker(cfg.site, unit_id), "1", nx=True, ex=ttl):
         log.info("sync of %s still queued or running; not queueing another", unit_id)
         return
     app.send_task("drsvc.sync", args=[unit_id], kwargs={"trigger": "schedule"}, queue=cfg.queue)

@@ -203,6 +203,8 @@ def reconcile(unit_id: str, acked: int, pending: Pending | None, peer: dict, mem
     """
     if peer.get("role") == "primary":
         raise ReplicaIsPrimary(unit_id=unit_id)
+    if peer.get("resync_requested"):
+        mode = "compare"          # the peer discards its divergence: diff against its blocks
     peer_gen = int(peer.get("generation") or 0)
     steps: list[str] = []
     if pending is not None:

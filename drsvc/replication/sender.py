@@ -299,6 +299,7 @@ def sync_unit(pool, unit_id: str, members, peer, *, mountpoints=(), epoch: int |
                         shutil.rmtree(maps_dir, ignore_errors=True)
             report.phases["prepare_s"] = round(time.monotonic() - t0 - report.phases["connect_s"], 4)
             meta = prepared.meta
+            report.mode = meta["mode"]        # the planner may have switched to compare
             if prepared.dir.name != str(meta["generation"]):
                 # the intent: from here on this generation may exist at the peer
                 final = layout.snap_dir(unit_id, meta["generation"])

@@ -337,17 +337,14 @@ class ReplicationService:
         return self._sync(c, demote=False)
 
     def _sync(self, c: Control, *, demote: bool) -> dict:
-        from .remote import peer_status
         from .sender import sync_unit
         members = self._members(c)
         t0 = time.time()
         peer = None
         try:
             peer = self._peer(c.peer)
-            pst = peer_status(peer, c.unit_id)
-            mode = "compare" if pst.get("resync_requested") else "delta"
             report = sync_unit(self.pool, c.unit_id, members, peer, mountpoints=self._mountpoints(members),
-                               demote=demote, mode=mode, kind=c.kind,
+                               demote=demote, kind=c.kind,
                                bwlimit=c.bandwidth_limit or None, origin=self._origin(c))
         except OperationInProgress:
             raise

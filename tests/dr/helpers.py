@@ -1,0 +1,61 @@
+"""Shared steps for the two-site DR tests."""
+from __future__ import annotations
+
+import os
+import random
+import time
+
+import grpc
+
+from drsvc.replication.state import find_state
+from tests.fixtures.sites import image_sha
+
+
+def write_random(site, volume_id, *, count=16, size=64 << 10, seed=None) -> int:
+    """Scattered writes straight into the image, as the loop device would do them."""
+    rnd = random.Random(seed)
+    path = site.pool / "images" / f"{volume_id}.img"
+    cap = os.stat(path).st_size
+    with open(path, "r+b") as f:
+        for _ in range(count):
+            f.seek(rnd.randrange(0, cap - size, 4096))
+            f.write(rnd.randbytes(size))
+        f.flush()
+        os.fsync(f.fileno())
+    return count * size
+
+
+def generation(site, unit_id) -> int:
+    st = find_state(site.pool, unit_id)
+    return st.generation if st else 0
+
+
+def wait_for(pred, timeout=60, interval=0.3, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def wait_synced_after(lab, unit_id, volume_ids, *, src="a", dst="b", timeout=60):
+    """Wait until a sync that started after now has landed, then compare images."""
+    start_gen = generation(lab.sites[src], unit_id)
+    wait_for(lambda: generation(lab.sites[src], unit_id) >= start_gen + 2, timeout,
+             what=f"two more syncs of {unit_id} from {src}")
+    for vid in volume_ids:
+        assert image_sha(lab.sites[src], vid) == image_sha(lab.sites[dst], vid), vid
+
+
+def last_report(site, unit_id) -> dict:
+    return find_state(site.pool, unit_id).reports[-1]
+
+
+def code_of(fn):
+    try:
+        fn()
+    except grpc.RpcError as e:
+        return e.code()
+    return grpc.StatusCode.OK

@@ -1,0 +1,202 @@
+"""Issue 4 acceptance: two real sites, everything through gRPC."""
+from __future__ import annotations
+
+import threading
+
+import grpc
+import pytest
+
+from csi_plugin.gen import csi_pb2, volumegroup_pb2
+from drsvc.replication.state import find_state
+from tests.dr.helpers import (code_of, generation, last_report, wait_for, wait_synced_after,
+                              write_random)
+from tests.fixtures.sites import image_sha
+
+INTERVAL = {"schedulingInterval": "2s"}
+
+
+def _group(client, name, n=3):
+    g = client.groups.CreateVolumeGroup(volumegroup_pb2.CreateVolumeGroupRequest(name=name)).volume_group
+    vols = [client.create_volume(f"{name}-m{i}", 32 << 20, volumeGroup=g.volume_group_id) for i in range(n)]
+    return g.volume_group_id, [v.volume_id for v in vols]
+
+
+def test_volume_and_group_replicate_on_schedule(lab):
+    A, B = lab.clients["a"], lab.clients["b"]
+    sa, sb = lab.sites["a"], lab.sites["b"]
+    vol = A.create_volume("db", 64 << 20).volume_id
+    gid, members = _group(A, "app")
+    write_random(sa, vol, seed=1)
+    for m in members:
+        write_random(sa, m, seed=hash(m) & 0xFFFF)
+
+    A.retry("EnableVolumeReplication", volume_id=vol, parameters=INTERVAL)
+    A.retry("EnableVolumeReplication", group_id=gid, parameters=INTERVAL)
+    # idempotent: the same call again is OK
+    A.retry("EnableVolumeReplication", volume_id=vol, parameters=INTERVAL)
+
+    wait_synced_after(lab, vol, [vol])
+    wait_synced_after(lab, gid, members)
+    info = A.call("GetVolumeReplicationInfo", volume_id=vol)
+    rep = last_report(sa, vol)
+    assert info.status == info.HEALTHY, info.status_message
+    assert info.last_sync_time.seconds > 0
+    # what GetVolumeReplicationInfo says is what the last sync shipped
+    ctl_ok = abs(info.last_sync_time.ToNanoseconds() / 1e9 - rep["started_at"]) < 30
+    assert ctl_ok and info.last_sync_bytes > 0
+
+    # scheduled syncs keep landing and ship only new changes
+    written = write_random(sa, vol, count=8, seed=7)
+    wait_synced_after(lab, vol, [vol])
+    changed = sum(r["bytes_changed"] for r in find_state(sa.pool, vol).reports[-3:])
+    assert written <= changed <= written + (1 << 20)
+
+    # the replica is visible at B under the same id, and read-write use is refused there
+    got = B.controller.ControllerGetVolume(csi_pb2.ControllerGetVolumeRequest(volume_id=vol)).volume
+    assert got.volume_id == vol
+    grp = B.groups.ControllerGetVolumeGroup(volumegroup_pb2.ControllerGetVolumeGroupRequest(volume_group_id=gid))
+    assert sorted(v.volume_id for v in grp.volume_group.volumes) == sorted(members)
+    cap = csi_pb2.VolumeCapability(mount=csi_pb2.VolumeCapability.MountVolume(fs_type="ext4"),
+                                   access_mode=csi_pb2.VolumeCapability.AccessMode(mode=1))
+    code = code_of(lambda: B.node.NodeStageVolume(csi_pb2.NodeStageVolumeRequest(
+        volume_id=vol, staging_target_path=str(lab.root / "stg-b"), volume_capability=cap)))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    # on a secondary the seed's answer for GetVolumeReplicationInfo is FAILED_PRECONDITION
+    assert code_of(lambda: B.call("GetVolumeReplicationInfo", volume_id=vol)) == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_planned_failover_and_failback(lab):
+    A, B = lab.clients["a"], lab.clients["b"]
+    sa, sb = lab.sites["a"], lab.sites["b"]
+    gid, members = _group(A, "pf")
+    for m in members:
+        write_random(sa, m, seed=len(m))
+    A.retry("EnableVolumeReplication", group_id=gid, parameters=INTERVAL)
+    wait_synced_after(lab, gid, members)
+    write_random(sa, members[0], count=4, seed=99)
+
+    # promote without a demoted peer is refused
+    assert code_of(lambda: B.call("PromoteVolume", group_id=gid)) == grpc.StatusCode.FAILED_PRECONDITION
+    A.retry("DemoteVolume", group_id=gid)
+    B.retry("PromoteVolume", group_id=gid)
+    for m in members:
+        assert image_sha(sa, m) == image_sha(sb, m)
+    assert find_state(sb.pool, gid).epoch == find_state(sa.pool, gid).epoch + 1
+
+    written = write_random(sb, members[1], count=5, seed=5)
+    wait_synced_after(lab, gid, members, src="b", dst="a")
+    # failback ships only what changed at B, not a full copy
+    first = [r for r in find_state(sb.pool, gid).reports if r["bytes_changed"]][0]
+    assert first["bytes_changed"] <= written + (256 << 10)
+    assert first["bytes_on_wire"] < 4 * written
+
+    B.retry("DemoteVolume", group_id=gid)
+    A.retry("PromoteVolume", group_id=gid)
+    for m in members:
+        assert image_sha(sa, m) == image_sha(sb, m)
+    write_random(sa, members[2], count=3, seed=3)
+    wait_synced_after(lab, gid, members)
+
+
+def test_forced_failover_split_brain_and_resync(lab):
+    A, B = lab.clients["a"], lab.clients["b"]
+    sa, sb = lab.sites["a"], lab.sites["b"]
+    vol = A.create_volume("fo", 64 << 20).volume_id
+    write_random(sa, vol, seed=11)
+    A.retry("EnableVolumeReplication", volume_id=vol, parameters=INTERVAL, sidecar=True)
+    wait_synced_after(lab, vol, [vol])
+
+    # site A is lost: its sshd and worker stop
+    lab.stop_sshd("a")
+    sa.run.stop("worker")
+    B.retry("PromoteVolume", volume_id=vol, force=True, sidecar=True)
+    write_random(sb, vol, count=6, seed=12)
+
+    # A comes back still believing it is primary, and keeps writing: split brain
+    write_random(sa, vol, count=6, seed=13)
+    sa.run.start("worker")
+    lab.start_sshd("a")
+    wait_for(lambda: A.call("GetVolumeReplicationInfo", volume_id=vol).status
+             == A.call("GetVolumeReplicationInfo", volume_id=vol).ERROR, 60, what="A to report the conflict")
+    info = A.call("GetVolumeReplicationInfo", volume_id=vol)
+    assert "split brain" in info.status_message
+
+    # resync is refused until A is demoted
+    assert code_of(lambda: A.call("ResyncVolume", volume_id=vol)) == grpc.StatusCode.FAILED_PRECONDITION
+    A.retry("DemoteVolume", volume_id=vol)
+    assert A.retry("ResyncVolume", volume_id=vol).ready is False
+    wait_for(lambda: A.retry("ResyncVolume", volume_id=vol).ready, 60, what="resync to finish")
+    assert image_sha(sa, vol) == image_sha(sb, vol)
+    rep = last_report(sb, vol)
+    compare = [r for r in find_state(sb.pool, vol).reports if r["mode"] == "compare"]
+    assert compare and compare[-1]["bytes_changed"] < 4 << 20     # only divergent blocks, not 64 MiB
+    assert rep["target_generation"] >= compare[-1]["target_generation"]
+
+
+def test_concurrent_promote_and_demote_one_aborted(lab):
+    A = lab.clients["a"]
+    vol = A.create_volume("race", 64 << 20).volume_id
+    write_random(lab.sites["a"], vol, count=64, size=1 << 20, seed=3)
+    A.retry("EnableVolumeReplication", volume_id=vol, parameters={"schedulingInterval": "1h"})
+    codes = []
+
+    def call(method):
+        try:
+            A.call(method, volume_id=vol)
+            codes.append(grpc.StatusCode.OK)
+        except grpc.RpcError as e:
+            codes.append(e.code())
+    threads = [threading.Thread(target=call, args=(m,)) for m in ("DemoteVolume", "PromoteVolume")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert grpc.StatusCode.ABORTED in codes, codes
+    st = find_state(lab.sites["a"].pool, vol)
+    assert st.role in ("primary", "secondary")
+    # the state converges whatever order they ran in
+    A.retry("DemoteVolume", volume_id=vol)
+    assert find_state(lab.sites["a"].pool, vol).role == "secondary"
+
+
+def test_sidecar_form_and_missing_source(lab):
+    A = lab.clients["a"]
+    vol = A.create_volume("side", 64 << 20).volume_id
+    assert code_of(lambda: A.call("EnableVolumeReplication")) == grpc.StatusCode.INVALID_ARGUMENT
+    A.retry("EnableVolumeReplication", volume_id=vol, parameters=INTERVAL, sidecar=True)
+    wait_for(lambda: generation(lab.sites["a"], vol) >= 1, 30, what="initial sync")
+    a = A.call("GetVolumeReplicationInfo", volume_id=vol, sidecar=True)
+    b = A.call("GetVolumeReplicationInfo", volume_id=vol)
+    assert a.last_sync_time.seconds and b.last_sync_time.seconds
+    assert code_of(lambda: A.call("GetVolumeReplicationInfo", volume_id="vol-missing", sidecar=True)) \
+        == grpc.StatusCode.NOT_FOUND
+    A.retry("DisableVolumeReplication", volume_id=vol, sidecar=True)
+    assert code_of(lambda: A.call("GetVolumeReplicationInfo", volume_id=vol)) == grpc.StatusCode.FAILED_PRECONDITION
+    # the peer's copy stays as a standalone volume
+    B = lab.clients["b"]
+    assert B.controller.ControllerGetVolume(csi_pb2.ControllerGetVolumeRequest(volume_id=vol)).volume.volume_id == vol
+
+
+def test_restarts_during_sync_lose_nothing(lab):
+    A = lab.clients["a"]
+    sa = lab.sites["a"]
+    vol = A.create_volume("big", 512 << 20).volume_id
+    write_random(sa, vol, count=160, size=1 << 20, seed=21)
+    # a bandwidth limit stretches the initial sync to ~4 s so the kills land inside it
+    A.retry("EnableVolumeReplication", volume_id=vol,
+            parameters={**INTERVAL, "bandwidthLimit": str(40 << 20)})
+    wait_for(lambda: "Task drsvc.sync" in sa.run.log_file("worker").read_text(), 30,
+             interval=0.05, what="the sync to start")
+    import time
+    time.sleep(1.0)
+    assert generation(sa, vol) == 0, "the sync finished before the kill"
+    sa.run.stop("worker", sig=9)          # kill -9 mid-sync: acks_late redelivers it
+    lab.restart_redis("a")
+    sa.run.stop("scheduler")
+    sa.run.start("worker")
+    sa.run.start("scheduler")
+    wait_synced_after(lab, vol, [vol], timeout=150)
+    reports = find_state(sa.pool, vol).reports
+    assert reports[0]["resumed"], "the interrupted transfer restarted from zero"
+    info = A.call("GetVolumeReplicationInfo", volume_id=vol)
+    assert info.status == info.HEALTHY, info.status_message
