@@ -186,7 +186,10 @@ class NodeService:
                 Path(target_path).parent.mkdir(parents=True, exist_ok=True)
                 if not os.path.exists(target_path):
                     os.close(os.open(target_path, os.O_CREAT | os.O_WRONLY, 0o660))
-                mounts.bind_mount(st.device, target_path, readonly=readonly)
+                # a read-only mount does not stop writes through a device node it
+                # holds; only a read-only device does (unstage detaches it too)
+                device = loop.attach(self.pool.image(volume_id), readonly=True) if readonly else st.device
+                mounts.bind_mount(device, target_path, readonly=readonly)
             else:
                 os.makedirs(target_path, exist_ok=True)
                 mounts.bind_mount(staging_path, target_path, readonly=readonly)
@@ -224,7 +227,17 @@ class NodeService:
         rdev = os.stat(st.device).st_rdev
         devno = f"{os.major(rdev)}:{os.minor(rdev)}"
         if st.access_type == BLOCK:
-            return any(m.target == path for m in mounts.mounts()) and os.stat(path).st_rdev == rdev
+            if not any(m.target == path for m in mounts.mounts()):
+                return False
+            there = os.stat(path).st_rdev
+            if there == rdev:
+                return True
+            # a read-only publish binds its own read-only loop of the same image
+            try:
+                name = os.path.basename(os.readlink(f"/sys/dev/block/{os.major(there)}:{os.minor(there)}"))
+            except OSError:
+                return False
+            return loop.backing_of(name) == str(self.pool.image(st.volume_id))
         return any(m.devno == devno for m in mounts.mounts_at(path))
 
     def stats(self, volume_id: str, volume_path: str) -> VolumeStats:

@@ -17,11 +17,21 @@ def _backing_file(dev_name: str) -> str | None:
     return text
 
 
-def find_attached(image: Path) -> str | None:
-    """Return /dev/loopN backing *image* (by path), or None."""
+def _is_readonly(dev_name: str) -> bool:
+    try:
+        return (SYS_BLOCK / dev_name / "ro").read_text().strip() == "1"
+    except OSError:
+        return False
+
+
+def find_attached(image: Path, *, readonly: bool | None = None) -> str | None:
+    """Return /dev/loopN backing *image* (by path), or None.
+
+    *readonly* None matches any device; True/False only read-only/writable ones.
+    """
     image = os.path.realpath(image)
     for entry in sorted(SYS_BLOCK.glob("loop*")):
-        if _backing_file(entry.name) == image:
+        if _backing_file(entry.name) == image and (readonly is None or _is_readonly(entry.name) == readonly):
             return f"/dev/{entry.name}"
     return None
 
@@ -31,7 +41,7 @@ def backing_of(device: str) -> str | None:
 
 
 def attach(image: Path, *, readonly: bool = False) -> str:
-    existing = find_attached(image)
+    existing = find_attached(image, readonly=readonly)
     if existing:
         return existing
     argv = ["losetup", "--find", "--show", "--direct-io=off"]
