@@ -17,8 +17,8 @@ from drsvc.site import Site
 
 from drsvc.config import load as load_config, socket_path
 
-from . import addons_servicers, csi_servicers
-from .gen import csi_pb2, csi_pb2_grpc, identity_pb2_grpc, replication_pb2_grpc, volumegroup_pb2_grpc
+from . import addons_servicers, admin_servicer, csi_servicers
+from .gen import admin_pb2_grpc, csi_pb2, csi_pb2_grpc, identity_pb2_grpc, replication_pb2_grpc, volumegroup_pb2_grpc
 from .interceptors import LoggingInterceptor
 
 log = logging.getLogger("csi_plugin")
@@ -38,7 +38,8 @@ def build_server(site: Site, sock: Path, *, max_workers: int = 16) -> grpc.Serve
     if replicating:
         replication_pb2_grpc.add_ControllerServicer_to_server(
             addons_servicers.ReplicationController(site, site.replication), server)
-        names.append("replication.Controller")
+        admin_pb2_grpc.add_AdminServicer_to_server(admin_servicer.Admin(site, site.replication), server)
+        names += ["replication.Controller", "drsvc.admin.v1.Admin"]
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for n in names + [""]:

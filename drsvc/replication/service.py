@@ -250,6 +250,37 @@ class ReplicationService:
             return []
         return sorted({p.parent.name for pat in ("*/control.json", "*/state.json") for p in root.glob(pat)})
 
+    def kind_of(self, unit_id: str) -> tuple[str, list]:
+        st = unit_state.find_state(self.pool, unit_id)
+        c = find_control(self.pool, unit_id)
+        if st is not None:
+            return st.kind, list(st.members)
+        return (c.kind, list(c.members)) if c else ("volume", [unit_id])
+
+    def clone_replica(self, unit: Unit, prefix: str) -> tuple[int, list]:
+        """Consistent read-write clones of the latest replicated generation (for drills).
+
+        The receiver's unit lock keeps deltas out while the reflinks are taken,
+        so every member is cloned at the same generation; replication goes on
+        afterwards untouched."""
+        from ..ids import check_name
+        from ..model import MOUNT, Capability, ContentSource
+        from .receiver import recover
+        check_name(prefix, "name_prefix")
+        self._enabled(unit)
+        layout = PoolLayout(self.pool)
+        with store.file_lock(layout.lock_path(unit.unit_id), blocking=True, key=unit.unit_id):
+            recover(layout, unit.unit_id)          # finish a committed delta first
+            st = unit_state.get_state(self.pool, unit.unit_id)
+            clones = []
+            for vid in unit.members:
+                src = self.site.volumes.get_volume(vid)
+                clones.append(self.site.volumes.create_volume(
+                    f"{prefix}-{src.name}"[:128], required_bytes=src.capacity_bytes,
+                    capabilities=[Capability(MOUNT, "SINGLE_NODE_WRITER")],
+                    source=ContentSource("volume", vid)))
+            return st.generation, clones
+
     def sync_now(self, unit: Unit, *, wait: float | None = None) -> dict:
         self._enabled(unit)
         return self.dispatcher.run("sync", unit.unit_id, {"trigger": "manual"},

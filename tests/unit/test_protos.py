@@ -17,7 +17,7 @@ def _serialized(stub_source: str) -> bytes:
     return ast.literal_eval(stub_source[start:end])
 
 
-@pytest.mark.parametrize("name", ["csi", "identity", "volumegroup", "replication"])
+@pytest.mark.parametrize("name", ["csi", "identity", "volumegroup", "replication", "admin"])
 def test_generated_stubs_are_fresh(tmp_path, name):
     sys.path.insert(0, str(ROOT / "protos"))
     try:
