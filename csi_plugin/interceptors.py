@@ -32,6 +32,13 @@ def redact(msg: pb_message.Message) -> pb_message.Message:
     return out
 
 
+def _repeated(field: FieldDescriptor) -> bool:
+    # protobuf 7 dropped FieldDescriptor.label; is_repeated is its replacement
+    if hasattr(field, "is_repeated"):
+        return field.is_repeated
+    return field.label == FieldDescriptor.LABEL_REPEATED
+
+
 def _strip(msg: pb_message.Message) -> None:
     for field, value in msg.ListFields():
         if _is_secret(field):
@@ -40,7 +47,7 @@ def _strip(msg: pb_message.Message) -> None:
                 keys = list(container.keys())
                 for k in keys:
                     container[k] = REDACTED
-            elif field.type == FieldDescriptor.TYPE_STRING and field.label != FieldDescriptor.LABEL_REPEATED:
+            elif field.type == FieldDescriptor.TYPE_STRING and not _repeated(field):
                 setattr(msg, field.name, REDACTED)
             else:
                 msg.ClearField(field.name)
@@ -49,7 +56,7 @@ def _strip(msg: pb_message.Message) -> None:
                 if field.message_type.fields_by_name["value"].type == FieldDescriptor.TYPE_MESSAGE:
                     for v in getattr(msg, field.name).values():
                         _strip(v)
-            elif field.label == FieldDescriptor.LABEL_REPEATED:
+            elif _repeated(field):
                 for v in value:
                     _strip(v)
             else:
