@@ -1,0 +1,1 @@
+"""The `drsvc` command line: an edge that speaks gRPC to a site's plugin socket."""
