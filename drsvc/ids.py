@@ -22,7 +22,8 @@ def check_id(value: str, what: str = "volume_id") -> str:
         raise MissingField(field=what)
     if len(value.encode()) > MAX_STRING:
         raise InvalidName(what=what, value=value[:40] + "...", reason=f"longer than {MAX_STRING} bytes")
-    if not _ID.match(value) or value in (".", "..") or ".." in value:
+    # fullmatch: with match, '$' would also accept a trailing newline
+    if not _ID.fullmatch(value) or value in (".", "..") or ".." in value:
         raise InvalidName(what=what, value=value, reason="only letters, digits, '.', '_' and '-' are allowed")
     return value
 
