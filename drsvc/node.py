@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import store
-from .errors import (CapacityOutOfRange, Conflict, MissingField, NotFound, PreconditionFailed, VolumeNotFound)
+from .errors import (CapacityOutOfRange, Conflict, InvalidInput, MissingField, NotFound, PreconditionFailed, VolumeNotFound)
 from .host import filesystems, freeze, loop, mounts
 from .ids import check_id
 from .model import BLOCK, MOUNT, READONLY_MODES, Capability, NodeState
@@ -40,6 +40,14 @@ class VolumeStats:
 def _require(value, field: str):
     if not value:
         raise MissingField(field=field)
+    return value
+
+
+def _require_path(value: str, field: str) -> str:
+    """A CO path: required and absolute (a relative one would land in the plugin's cwd)."""
+    _require(value, field)
+    if not os.path.isabs(value):
+        raise InvalidInput(f"{field} must be an absolute path, got {value[:200]!r}")
     return value
 
 
@@ -90,7 +98,7 @@ class NodeService:
     # -- stage -------------------------------------------------------------------
     def stage(self, volume_id: str, staging_path: str, cap: Capability | None) -> None:
         check_id(volume_id)
-        _require(staging_path, "staging_target_path")
+        _require_path(staging_path, "staging_target_path")
         if cap is None:
             raise MissingField(field="volume_capability")
         check_capabilities([cap])
@@ -131,7 +139,7 @@ class NodeService:
 
     def unstage(self, volume_id: str, staging_path: str) -> None:
         check_id(volume_id)
-        _require(staging_path, "staging_target_path")
+        _require_path(staging_path, "staging_target_path")
         if self.volumes.find_volume(volume_id) is None and self.find_state(volume_id) is None:
             raise VolumeNotFound(volume_id=volume_id)
         staging_path = os.path.normpath(staging_path)
@@ -151,8 +159,8 @@ class NodeService:
     def publish(self, volume_id: str, target_path: str, staging_path: str,
                 cap: Capability | None, readonly: bool) -> None:
         check_id(volume_id)
-        _require(target_path, "target_path")
-        _require(staging_path, "staging_target_path")
+        _require_path(target_path, "target_path")
+        _require_path(staging_path, "staging_target_path")
         if cap is None:
             raise MissingField(field="volume_capability")
         check_capabilities([cap])
@@ -197,7 +205,7 @@ class NodeService:
 
     def unpublish(self, volume_id: str, target_path: str) -> None:
         check_id(volume_id)
-        _require(target_path, "target_path")
+        _require_path(target_path, "target_path")
         if self.volumes.find_volume(volume_id) is None and self.find_state(volume_id) is None:
             raise VolumeNotFound(volume_id=volume_id)
         target_path = os.path.normpath(target_path)
@@ -242,7 +250,7 @@ class NodeService:
 
     def stats(self, volume_id: str, volume_path: str) -> VolumeStats:
         check_id(volume_id)
-        _require(volume_path, "volume_path")
+        _require_path(volume_path, "volume_path")
         self.volumes.get_volume(volume_id)
         volume_path = os.path.normpath(volume_path)
         if not os.path.exists(volume_path):
@@ -270,7 +278,7 @@ class NodeService:
 
     def expand(self, volume_id: str, volume_path: str, required_bytes: int = 0, limit_bytes: int = 0) -> int:
         check_id(volume_id)
-        _require(volume_path, "volume_path")
+        _require_path(volume_path, "volume_path")
         vol = self.volumes.get_volume(volume_id)
         if required_bytes > vol.capacity_bytes:
             raise CapacityOutOfRange(reason=f"required_bytes {required_bytes} is above the volume's "
