@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from csi_plugin.gen import csi_pb2
-from tests.fixtures.csi import GiB, MiB, capability
+from tests.fixtures.csi import GiB, MiB, capability, has_cap_sys_resource
 
 KINDS = ["ext4", "xfs", "block"]
 DATA = 64 * MiB
@@ -108,13 +108,6 @@ def test_full_lifecycle(plugin, paths, kind):
     plugin.controller.DeleteSnapshot(csi_pb2.DeleteSnapshotRequest(snapshot_id=snap.snapshot_id))
     assert sorted(os.listdir(plugin.pool / "images")) == []
     assert sorted(os.listdir(plugin.pool / "snapshots")) == []
-
-
-def has_cap_sys_resource() -> bool:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("CapEff:"):
-            return bool(int(line.split()[1], 16) >> 24 & 1)
-    return False
 
 
 @pytest.mark.parametrize("kind", KINDS)
