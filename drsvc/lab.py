@@ -200,7 +200,7 @@ class Lab:
             self._write_config(s)
         return self
 
-    def up(self, *names, components=("plugin", "worker", "scheduler")) -> None:
+    def up(self, *names, components=("plugin", "worker", "scheduler", "metrics")) -> None:
         for n in names or self.sites:
             self.sites[n].run.up(components)
 

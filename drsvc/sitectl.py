@@ -15,7 +15,7 @@ from pathlib import Path
 from . import runner
 from .config import SiteConfig, socket_path
 
-COMPONENTS = ("plugin", "worker", "scheduler")
+COMPONENTS = ("plugin", "worker", "scheduler", "metrics")
 
 
 def _argv(component: str, cfg: SiteConfig) -> list[str]:
@@ -94,6 +94,8 @@ class SiteRun:
 
     def up(self, components=COMPONENTS) -> None:
         for c in components:
+            if c == "metrics" and not self.cfg.metrics_port:
+                continue
             self.start(c)
         self.wait_socket()
 
