@@ -120,6 +120,9 @@ class NodeService:
                 st.fs_type = self._ensure_filesystem(device, cap.fs_type or vol.fs_type or filesystems.DEFAULT)
                 self._save(st)
                 if not mounts.is_mounted(staging_path):
+                    if cap.access_mode not in READONLY_MODES and \
+                            filesystems.grow_offline(device, st.fs_type, loop.size_bytes(device)):
+                        log.info("volume %s: ext4 grown offline to %d bytes", volume_id, loop.size_bytes(device))
                     os.makedirs(staging_path, exist_ok=True)
                     opts = list(cap.mount_flags)
                     if cap.access_mode in READONLY_MODES:

@@ -209,10 +209,11 @@ def cmd_sync_now(args, out: Output):
 
 
 def cmd_status(args, out: Output):
+    single = bool(args.volume or args.group)
     with _client(args) as c:
-        rows = [c.status(**_unit(args))] if (args.volume or args.group) else c.statuses()
-    if out.json:
-        return out.result("status", rows)
+        rows = [c.status(**_unit(args))] if single else c.statuses()
+    if out.json:   # one unit: its object; no unit: the list of all
+        return out.result("status", rows[0] if single else rows)
     view = [{"unit": r["unit_id"], "kind": r["kind"], "role": r["role"], "peer": r["peer"], "epoch": r["epoch"],
              "gen": r["generation"], "last sync": _when(r["last_sync_time"]),
              "duration": f"{r['last_sync_duration']:.2f}s", "bytes": r["last_sync_bytes"],

@@ -1,0 +1,145 @@
+"""Prometheus /metrics, Celery Flower, RPC secrets and scheduler leadership on the real lab."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import grpc
+import pytest
+
+from drsvc.lab import free_port, wait_port
+from tests.dr.helpers import code_of, generation, wait_for, write_random
+
+
+def _norm(sample: str) -> str:
+    """name{b="2",a="1"} -> name{a="1",b="2"}: label order is not part of the format."""
+    name, _, labels = sample.partition("{")
+    parts = sorted(p for p in labels.rstrip("}").split(",") if p)
+    return f"{name}{{{','.join(parts)}}}" if parts else name
+
+
+def scrape(port: int) -> dict:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            sample, _, value = line.rpartition(" ")
+            out[_norm(sample)] = float(value)
+    return out
+
+
+class Metrics(dict):
+    def __missing__(self, key):
+        return self.get(_norm(key), None) if _norm(key) in self else super().__missing__(key)
+
+
+def test_metrics_follow_syncs_and_failures(lab):
+    A = lab.clients["a"]
+    sa = lab.sites["a"]
+    vol = A.create_volume("m", 64 << 20).volume_id
+    write_random(sa, vol, seed=2)
+    A.retry("EnableVolumeReplication", volume_id=vol, parameters={"schedulingInterval": "2s"})
+    wait_for(lambda: generation(sa, vol) >= 2, 60, what="syncs")
+    port = sa.cfg.metrics_port
+    wait_port(port)
+    m = Metrics(scrape(port))
+    key = f'site="a",unit="{vol}",kind="volume",peer="b"'
+    assert m[f"drsvc_replication_last_sync_timestamp_seconds{{{key}}}"] > time.time() - 60
+    assert m[f"drsvc_replication_last_sync_bytes{{{key}}}"] > 0
+    assert m[f"drsvc_replication_interval_seconds{{{key}}}"] == 2
+    assert m[f'drsvc_replication_role{{{key},role="primary"}}'] == 1
+    assert m[f'drsvc_replication_health{{{key},status="HEALTHY"}}'] == 1
+    assert m[f"drsvc_replication_epoch{{{key}}}"] == 0
+
+    # the peer's sshd goes away: failures count up, lag grows, health degrades
+    lab.stop_sshd("b")
+    wait_for(lambda: (Metrics(scrape(port)).get(_norm(f"drsvc_replication_sync_failures_total{{{key}}}")) or 0) >= 2, 90,
+             what="failed syncs")
+    lag1 = Metrics(scrape(port))[f"drsvc_replication_lag_seconds{{{key}}}"]
+    time.sleep(2.5)
+    m = Metrics(scrape(port))
+    assert m[f"drsvc_replication_lag_seconds{{{key}}}"] > lag1
+    assert m[f'drsvc_replication_health{{{key},status="DEGRADED"}}'] == 1
+    # ...and syncs catch up by themselves when it returns
+    lab.start_sshd("b")
+    wait_for(lambda: Metrics(scrape(port))[f'drsvc_replication_health{{{key},status="HEALTHY"}}'] == 1, 90,
+             what="recovery")
+
+
+def test_flower_shows_replication_tasks_without_secrets(lab, tmp_path):
+    A = lab.clients["a"]
+    sa = lab.sites["a"]
+    vol = A.create_volume("f", 64 << 20).volume_id
+    A.retry("EnableVolumeReplication", volume_id=vol, parameters={"schedulingInterval": "2s"})
+    wait_for(lambda: generation(sa, vol) >= 2, 60, what="syncs")
+    port = free_port()
+    log = open(tmp_path / "flower.log", "wb")
+    env = dict(os.environ, FLOWER_UNAUTHENTICATED_API="true")
+    p = subprocess.Popen([sys.executable, "-m", "drsvc_cli.main", "flower", "--config", str(sa.config_path),
+                          "--port", str(port)], env=env, stdout=log, stderr=log, start_new_session=True)
+    try:
+        wait_port(port, 30)
+
+        def synced_tasks():
+            try:
+                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/api/tasks?limit=200", timeout=5).read()
+            except OSError:
+                return None
+            tasks = json.loads(body)
+            return [t for t in tasks.values() if t.get("name") == "drsvc.sync" and t.get("state") == "SUCCESS"]
+        done = wait_for(synced_tasks, 60, interval=1, what="Flower to see completed syncs")
+        assert any(vol in (t.get("args") or "") for t in done)
+        assert all("secret" not in json.dumps(t).lower() for t in done)
+    finally:
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(timeout=20)
+
+
+def test_secrets_required_when_configured(lab):
+    sa = lab.sites["a"]
+    secret_file = sa.root / "rpc-secret"
+    secret_file.write_text("tok-4c1d9e\n")
+    os.chmod(secret_file, 0o600)
+    with open(sa.config_path, "r+") as f:
+        text = f.read()
+        f.seek(0)
+        f.write(f'secrets_file = "{secret_file}"\n' + text)
+    sa.run.stop("plugin")
+    sa.run.start("plugin")
+    sa.run.wait_socket()
+    A = lab.clients["a"]
+    grpc.channel_ready_future(A.channel).result(timeout=30)
+    vol = A.create_volume("s", 64 << 20).volume_id
+    params = {"schedulingInterval": "1h"}
+    assert code_of(lambda: A.call("EnableVolumeReplication", volume_id=vol, parameters=params)) \
+        == grpc.StatusCode.UNAUTHENTICATED
+    assert code_of(lambda: A.call("EnableVolumeReplication", volume_id=vol, parameters=params,
+                                  secrets={"token": "wrong"})) == grpc.StatusCode.UNAUTHENTICATED
+    A.retry("EnableVolumeReplication", volume_id=vol, parameters=params, secrets={"token": "tok-4c1d9e"})
+    logs = "".join(p.read_text(errors="replace") for p in sa.run.run_dir.glob("*.log"))
+    assert "tok-4c1d9e" not in logs
+
+
+def test_one_scheduler_acts(lab):
+    sa = lab.sites["a"]
+    second = subprocess.Popen([sys.executable, "-m", "workers.scheduler", "--config", str(sa.config_path)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        time.sleep(4)
+        first_log = sa.run.log_file("scheduler").read_text()
+        assert "is leader" in first_log
+        # the first holds the lease; kill it and the second takes over within the lease
+        sa.run.stop("scheduler", sig=signal.SIGKILL)
+        A = lab.clients["a"]
+        vol = A.create_volume("l", 64 << 20).volume_id
+        A.retry("EnableVolumeReplication", volume_id=vol, parameters={"schedulingInterval": "2s"})
+        wait_for(lambda: generation(sa, vol) >= 3, 60, what="the second scheduler to take over")
+    finally:
+        os.killpg(second.pid, signal.SIGTERM)
+        out = second.communicate(timeout=20)[0].decode()
+    assert out.count("is leader") == 1, out
