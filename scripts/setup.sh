@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Install what drsvc needs on a fresh Debian/Ubuntu machine (run as root). Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export DEBIAN_FRONTEND=noninteractive
+pkgs=(redis-server openssh-server openssh-client xfsprogs e2fsprogs util-linux mount rsync btrfs-progs iproute2 kmod procps)
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# a distro redis or sshd started by the package is not ours: the sites start their own
+python3 -m pip install -q --disable-pip-version-check -e '.[test]'
