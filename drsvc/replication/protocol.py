@@ -214,8 +214,9 @@ class ManifestChain:
 class FrameReader:
     """Reads frames from ``recv(n)`` (returns up to n bytes, b"" at EOF)."""
 
-    def __init__(self, recv):
+    def __init__(self, recv, on_eof=None):
         self._recv = recv
+        self._on_eof = on_eof   # the sender maps a vanished receiver to PeerUnreachable
 
     def read_exact(self, n: int, *, eof_ok: bool = False):
         chunks = []
@@ -225,6 +226,8 @@ class FrameReader:
             if not b:
                 if eof_ok and got == 0:
                     return None
+                if self._on_eof is not None:
+                    self._on_eof(got, n)
                 raise StreamCorrupt(reason=f"stream ended after {got} of {n} bytes")
             chunks.append(b)
             got += len(b)

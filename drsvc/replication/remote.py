@@ -9,11 +9,17 @@ from .blockmap import BlockMap
 from .protocol import T_CONTROL, T_HASHES, FrameReader
 
 
+def reader_for(peer, chan) -> FrameReader:
+    def eof(got, want):
+        raise PeerUnreachable(peer=peer.name, reason="the receiver closed the connection mid-reply")
+    return FrameReader(chan.recv, on_eof=eof)
+
+
 def _call(peer, verb: str, *args: str, expect: str) -> dict:
     chan = peer.open(verb, *args)
     try:
         chan.close_write()
-        return FrameReader(chan.recv).control(expect)
+        return reader_for(peer, chan).control(expect)
     finally:
         chan.close()
 
@@ -67,7 +73,7 @@ def fetch_maps(peer, unit_id: str, volumes, block_size: int, dest: Path) -> dict
     chan = peer.open("hashes", unit_id, str(block_size), *volumes)
     try:
         chan.close_write()
-        return read_maps(FrameReader(chan.recv), dest, block_size)
+        return read_maps(reader_for(peer, chan), dest, block_size)
     finally:
         chan.close()
 
@@ -81,7 +87,7 @@ class ApplySession:
         chan = peer.open("apply")
         self.raw = chan
         self.chan = LimitedChannel(chan, TokenBucket(bwlimit)) if bwlimit else chan
-        self.reader = FrameReader(self.chan.recv)
+        self.reader = reader_for(peer, self.chan)
 
     @property
     def bytes_sent(self) -> int:

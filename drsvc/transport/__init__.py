@@ -60,11 +60,12 @@ class Peer(ABC):
 
 
 class TokenBucket:
-    """A bandwidth limit in bytes per second, with one second of burst."""
+    """A bandwidth limit in bytes per second, with a burst of a tenth of a second
+    (at least one 64 KiB send), so a limited link is never flooded for long."""
 
     def __init__(self, rate: float, burst: float | None = None):
         self.rate = float(rate)
-        self.capacity = float(burst if burst is not None else rate)
+        self.capacity = float(burst if burst is not None else max(64 << 10, rate / 10))
         self.tokens = self.capacity
         self.stamp = time.monotonic()
 

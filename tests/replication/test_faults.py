@@ -1,0 +1,265 @@
+"""Atomicity under faults: the TCP connection is cut, the receiver or the sender is
+SIGKILLed, at random points (55 kills in all). After each, once the peer has been
+contacted again, the replica equals a complete generation (old or new), the next
+sync converges, and an interrupted large delta resumes instead of restarting."""
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from drsvc.errors import DrsvcError
+from drsvc.replication import peer_status, sync_unit
+from drsvc.replication.layout import PoolLayout
+from drsvc.replication.state import get_state
+from drsvc.transport.local import LocalPeer
+from tests.fixtures.xfs import free_port, need
+
+from .conftest import make_image, new_sites, sha, write_at
+
+pytestmark = pytest.mark.faults
+MiB = 1 << 20
+IMG = 16 * MiB
+
+
+class CuttingProxy:
+    """TCP proxy to sshd that resets both sides after `cut` client->server bytes."""
+
+    def __init__(self, target_port: int):
+        self.target = target_port
+        self.port = free_port()
+        self.cut = None
+        self.cuts = 0
+        self.lsock = socket.create_server(("127.0.0.1", self.port))
+        self.lsock.settimeout(0.2)
+        self.stop = False
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while not self.stop:
+            try:
+                c, _ = self.lsock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            s = socket.create_connection(("127.0.0.1", self.target))
+            threading.Thread(target=self._pump, args=(c, s, self.cut), daemon=True).start()
+
+    def _pump(self, c, s, cut):
+        import select
+        sent = 0
+        socks = [c, s]
+        try:
+            while True:
+                r, _, _ = select.select(socks, [], [], 30)
+                if not r:
+                    break
+                for src in r:
+                    data = src.recv(65536)
+                    if not data:
+                        raise EOFError
+                    dst = s if src is c else c
+                    if src is c and cut is not None:
+                        if sent + len(data) >= cut:
+                            dst.sendall(data[:cut - sent])
+                            self.cuts += 1
+                            raise EOFError
+                        sent += len(data)
+                    dst.sendall(data)
+        except (EOFError, OSError):
+            pass
+        finally:
+            for x in (c, s):
+                try:
+                    x.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\1\0\0\0\0\0\0\0")
+                    x.close()
+                except OSError:
+                    pass
+
+    def close(self):
+        self.stop = True
+        self.lsock.close()
+
+
+def _change(img, rnd, nbytes):
+    """Rewrite `nbytes` of the image in random 64 KiB pieces."""
+    for _ in range(nbytes // (64 << 10)):
+        write_at(img, rnd.randrange(0, IMG // 4096) * 4096 % (IMG - (64 << 10)), rnd.randbytes(64 << 10))
+
+
+def _check_after_fault(a, b, peer, old, gen_before):
+    """Contact the peer (replays a committed journal), then the replica must be a whole
+    generation; returns the sha it had."""
+    st = get_state(a, "v")
+    # the attempt's generation: pending, or already acked if the sync got through
+    lay = PoolLayout(a)
+    new = None
+    for g in (st.generation + 1, st.generation):
+        if (lay.snap_dir("v", g) / "v.img").exists() and g > gen_before:
+            new = sha(lay.snap_dir("v", g) / "v.img")
+            break
+    peer_status(peer, "v")
+    got = sha(b / "images" / "v.img")
+    assert got in (old, new), "replica is a mix of generations"
+    return got
+
+
+def _converge(a, b, peer):
+    r = sync_unit(a, "v", ["v"], peer)
+    assert sha(b / "images" / "v.img") == sha(a / "images" / "v.img")
+    return r
+
+
+def _seed(root, peer_factory):
+    a, b = new_sites(root)
+    img = a / "images" / "v.img"
+    make_image(img, IMG, [(0, os.urandom(IMG))])
+    peer = peer_factory(b)
+    sync_unit(a, "v", ["v"], peer)
+    return a, b, img, peer
+
+
+def test_cut_tcp_connection(xfs_mod, sshd_factory):
+    """24 connection cuts at random byte counts through a proxy in front of sshd."""
+    need("mkfs.xfs")
+    rnd = random.Random(0xC07)
+    a, b = new_sites(xfs_mod)
+    site = sshd_factory(b)
+    img = a / "images" / "v.img"
+    make_image(img, IMG, [(0, os.urandom(IMG))])
+    direct = site.peer()
+    sync_unit(a, "v", ["v"], direct)
+    proxy = CuttingProxy(site.port)
+    proxy_kh = site.dir / "known_hosts.proxy"   # the same pinned key, under the proxy's address
+    proxy_kh.write_text(f"[127.0.0.1]:{proxy.port} {site.host_pub}\n")
+    resumed = []
+    try:
+        for i in range(24):
+            _change(img, rnd, 3 * MiB)
+            old = sha(b / "images" / "v.img")
+            gen = get_state(a, "v").generation
+            proxy.cut = rnd.randrange(2000, 3 * MiB + 200_000)
+            cut_peer = site.peer(port=proxy.port, known_hosts=proxy_kh, io_timeout=20)
+            try:
+                sync_unit(a, "v", ["v"], cut_peer)
+            except DrsvcError:
+                pass
+            finally:
+                cut_peer.close()
+            _check_after_fault(a, b, direct, old, gen)
+            r = _converge(a, b, direct)
+            if r.resumed and r.records_sent < r.records:
+                resumed.append((r.records_sent, r.records, r.bytes_on_wire))
+    finally:
+        proxy.close()
+    assert proxy.cuts >= 20
+    # cuts in the middle of the stream resume after what the receiver journaled
+    assert len(resumed) >= 3, resumed
+    assert all(wire < 3 * MiB for _, _, wire in resumed)
+
+
+def _kill_later(peer, delay, killed, before):
+    """Wait for this sync's receiver to start, then kill it after `delay`."""
+    deadline = time.monotonic() + 5
+    while peer.last_proc is before and time.monotonic() < deadline:
+        time.sleep(0.002)
+    time.sleep(delay)
+    p = peer.last_proc
+    if p is not None and p.poll() is None:
+        p.send_signal(signal.SIGKILL)
+        killed.append(p.pid)
+
+
+def test_kill_receiver_at_random_times(xfs_mod):
+    """16 SIGKILLs of the receiver process at random instants of a throttled sync."""
+    rnd = random.Random(0xDEAD)
+    a, b, img, peer = _seed(xfs_mod, LocalPeer)
+    killed = []
+    resumed = 0
+    for i in range(16):
+        _change(img, rnd, 4 * MiB)
+        old = sha(b / "images" / "v.img")
+        gen = get_state(a, "v").generation
+        t = threading.Thread(target=_kill_later, args=(peer, rnd.uniform(0.0, 0.4), killed, peer.last_proc))
+        t.start()
+        try:
+            sync_unit(a, "v", ["v"], peer, bwlimit=8 * MiB)
+        except DrsvcError:
+            pass
+        t.join()
+        _check_after_fault(a, b, peer, old, gen)
+        r = _converge(a, b, peer)
+        resumed += r.resumed and r.records_sent < r.records
+    assert len(killed) >= 12
+    assert resumed >= 3
+
+
+@pytest.mark.parametrize("point", ["receiver.before_commit", "receiver.after_commit_marker",
+                                   "receiver.after_apply", "receiver.after_state"])
+def test_kill_receiver_at_commit_points(xfs_mod, point):
+    a, b, img, _ = _seed(xfs_mod, LocalPeer)
+    old = sha(b / "images" / "v.img")
+    gen = get_state(a, "v").generation
+    write_at(img, 5 * MiB, os.urandom(MiB))
+    faulty = LocalPeer(b, env={"DRSVC_FAILPOINTS": point})
+    with pytest.raises(DrsvcError):
+        sync_unit(a, "v", ["v"], faulty)
+    got = _check_after_fault(a, b, LocalPeer(b), old, gen)
+    # once the commit marker is durable, the next contact completes the generation
+    assert (got != old) == (point != "receiver.before_commit")
+    r = _converge(a, b, LocalPeer(b))
+    if point != "receiver.before_commit":
+        assert r.steps == ["finalize", "sync"] and r.records == 0
+
+
+SENDER = """
+import sys
+from drsvc.replication import sync_unit
+from drsvc.transport.local import LocalPeer
+print("ready", flush=True)
+sync_unit(sys.argv[1], "v", ["v"], LocalPeer(sys.argv[2]), bwlimit=float(sys.argv[3]))
+"""
+
+
+def _sender_proc(a, b, env=None, bw=12 * MiB):
+    p = subprocess.Popen([sys.executable, "-c", SENDER, str(a), str(b), str(bw)],
+                         env=dict(os.environ, **(env or {})), stderr=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE)
+    assert p.stdout.readline() == b"ready\n"   # imports done; the sync starts now
+    return p
+
+
+def test_kill_sender_at_random_times(xfs_mod):
+    """10 SIGKILLs of the sending process (which holds the unit lock) at random instants."""
+    rnd = random.Random(0x5E4D)
+    a, b, img, peer = _seed(xfs_mod, LocalPeer)
+    mid_sync = 0
+    for i in range(10):
+        _change(img, rnd, 4 * MiB)
+        old = sha(b / "images" / "v.img")
+        gen = get_state(a, "v").generation
+        p = _sender_proc(a, b, bw=8 * MiB)
+        time.sleep(rnd.uniform(0.05, 0.5))
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        _check_after_fault(a, b, peer, old, gen)
+        r = _converge(a, b, peer)
+        mid_sync += r.steps != ["sync"]   # killed with a generation in flight
+    assert mid_sync >= 4
+
+
+def test_kill_sender_after_peer_commit(xfs_mod):
+    a, b, img, peer = _seed(xfs_mod, LocalPeer)
+    write_at(img, 0, os.urandom(MiB))
+    p = _sender_proc(a, b, env={"DRSVC_FAILPOINTS": "sender.after_commit"}, bw=1 << 40)
+    assert p.wait() == -signal.SIGKILL
+    assert peer_status(peer, "v")["generation"] == 2 and get_state(a, "v").generation == 1
+    r = _converge(a, b, peer)
+    assert r.steps == ["finalize", "sync"] and get_state(a, "v").generation == 3
