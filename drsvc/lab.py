@@ -73,10 +73,12 @@ class LabSite:
 
 class Lab:
     def __init__(self, root: Path, names=("a", "b"), *, pool_size: str = "20G",
+                 pool_sizes: dict | None = None,
                  redis_password: str | None = None, visibility_timeout: int = 20):
         self.root = Path(root)
         self.sites = {n: LabSite(n, self.root / n) for n in names}
         self.pool_size = pool_size
+        self.pool_sizes = dict(pool_sizes or {})    # per-site override, e.g. a small peer to fill up
         self.redis_password = redis_password
         self.visibility_timeout = visibility_timeout
 
@@ -87,7 +89,7 @@ class Lab:
         mnt = s.root / "pool-fs"
         mnt.mkdir(exist_ok=True)
         if not any(line.split()[1] == str(mnt) for line in Path("/proc/mounts").read_text().splitlines()):
-            runner.run(["truncate", "-s", self.pool_size, s.fs_image])
+            runner.run(["truncate", "-s", self.pool_sizes.get(s.name, self.pool_size), s.fs_image])
             runner.run(["mkfs.xfs", "-q", "-f", "-m", "reflink=1", s.fs_image], timeout=120)
             runner.run(["mount", "-o", "loop", s.fs_image, mnt])
         s.pool = mnt / "pool"
