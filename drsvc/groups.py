@@ -23,6 +23,7 @@ from .volumes import VolumeService
 log = logging.getLogger(__name__)
 DEFAULT_MAX_VOLUMES = 32
 KNOWN_PARAMETERS = {"maxVolumes"}
+CO_PREFIXES = ("csi.storage.k8s.io/", "replication.storage.openshift.io/", "csiaddons.openshift.io/")
 
 
 @dataclass
@@ -69,6 +70,8 @@ class GroupService:
     def create(self, name: str, parameters: dict | None = None) -> Group:
         check_name(name)
         params = dict(check_map(parameters or {}, "parameters"))
+        # keys the CO's controllers add (csi-addons, provisioner) are theirs, not ours
+        params = {k: v for k, v in params.items() if not k.startswith(CO_PREFIXES)}
         unknown = sorted(set(params) - KNOWN_PARAMETERS)
         if unknown:
             raise InvalidParameter(key=unknown[0], reason=f"unknown parameter; known: {sorted(KNOWN_PARAMETERS)}")

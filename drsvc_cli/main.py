@@ -255,7 +255,7 @@ def cmd_scheduler(args, out: Output):
 
 def cmd_metrics(args, out: Output):
     from workers.metrics import main
-    return main(["--config", args.config])
+    return main(["--config", args.config, "--address", args.address])
 
 
 def cmd_demo(args, out: Output):
@@ -328,6 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_flower)
     for name, fn in (("worker", cmd_worker), ("scheduler", cmd_scheduler), ("metrics", cmd_metrics)):
         p = sub.add_parser(name, parents=[common], help=f"run this site's {name}")
+        if name == "metrics":
+            p.add_argument("--address", default="127.0.0.1", help="listen address (0.0.0.0 in a pod)")
         p.set_defaults(fn=fn)
     p = sub.add_parser("demo", parents=[common], help="the two-site DR demo on this host")
     p.add_argument("--keep", action="store_true", help="leave the sites running afterwards")

@@ -179,18 +179,15 @@ class ReplicationService:
             return
         self._run("disable", unit)
 
+    # Promote and demote always go through the dispatcher, even when they would be
+    # no-ops: the in-flight claim is what turns a concurrent, different operation
+    # on the unit into ABORTED. The worker side returns at once when nothing is to do.
     def promote(self, unit: Unit, *, force: bool) -> None:
         self._enabled(unit)
-        st = unit_state.find_state(self.pool, unit.unit_id)
-        if st is not None and st.role == "primary":
-            return
         self._run("promote", unit, force=force)
 
     def demote(self, unit: Unit, *, force: bool) -> None:
         self._enabled(unit)
-        st = unit_state.find_state(self.pool, unit.unit_id)
-        if st is not None and st.role == "secondary":
-            return
         for vid in unit.members:
             writers = [t for t, o in ((self.site.node.find_state(vid) or _NoState).targets.items())
                        if not o.get("readonly")]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import grpc
 import pytest
@@ -135,28 +136,32 @@ def test_forced_failover_split_brain_and_resync(lab):
 
 def test_concurrent_promote_and_demote_one_aborted(lab):
     A = lab.clients["a"]
-    vol = A.create_volume("race", 64 << 20).volume_id
-    write_random(lab.sites["a"], vol, count=64, size=1 << 20, seed=3)
-    A.retry("EnableVolumeReplication", volume_id=vol, parameters={"schedulingInterval": "1h"})
-    codes = []
+    sa = lab.sites["a"]
+    vol = A.create_volume("race", 128 << 20).volume_id
+    A.retry("EnableVolumeReplication", volume_id=vol,
+            parameters={"schedulingInterval": "1h", "bandwidthLimit": str(16 << 20)})
+    wait_for(lambda: generation(sa, vol) >= 1, 60, what="initial sync")
+    # 48 MiB of changes at 16 MiB/s: the demote's final sync holds the unit ~3 s
+    write_random(sa, vol, count=48, size=1 << 20, seed=3)
+    results = {}
 
     def call(method):
         try:
             A.call(method, volume_id=vol)
-            codes.append(grpc.StatusCode.OK)
+            results[method] = grpc.StatusCode.OK
         except grpc.RpcError as e:
-            codes.append(e.code())
-    threads = [threading.Thread(target=call, args=(m,)) for m in ("DemoteVolume", "PromoteVolume")]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert grpc.StatusCode.ABORTED in codes, codes
-    st = find_state(lab.sites["a"].pool, vol)
-    assert st.role in ("primary", "secondary")
-    # the state converges whatever order they ran in
+            results[method] = e.code()
+    demote = threading.Thread(target=call, args=("DemoteVolume",))
+    demote.start()
+    time.sleep(0.5)
+    call("PromoteVolume")
+    demote.join()
+    assert results["PromoteVolume"] == grpc.StatusCode.ABORTED, results
+    # the demote finishes (or is joined by its retry) and the state is consistent
     A.retry("DemoteVolume", volume_id=vol)
-    assert find_state(lab.sites["a"].pool, vol).role == "secondary"
+    st = find_state(sa.pool, vol)
+    assert st.role == "secondary" and st.demoted
+    assert image_sha(sa, vol) == image_sha(lab.sites["b"], vol)
 
 
 def test_sidecar_form_and_missing_source(lab):
@@ -185,10 +190,12 @@ def test_restarts_during_sync_lose_nothing(lab):
     # a bandwidth limit stretches the initial sync to ~4 s so the kills land inside it
     A.retry("EnableVolumeReplication", volume_id=vol,
             parameters={**INTERVAL, "bandwidthLimit": str(40 << 20)})
-    wait_for(lambda: "Task drsvc.sync" in sa.run.log_file("worker").read_text(), 30,
-             interval=0.05, what="the sync to start")
-    import time
-    time.sleep(1.0)
+    journal = lab.sites["b"].pool / "replication" / vol / "journal"
+    # kill once the peer has journaled some records, so there is something to resume
+    # (allocated bytes: a fresh member's staging image is sparse)
+    wait_for(lambda: sum(f.stat().st_blocks * 512 for f in journal.rglob("*") if f.is_file()) > (8 << 20)
+             if journal.exists() else 0,
+             60, interval=0.05, what="the peer to journal records")
     assert generation(sa, vol) == 0, "the sync finished before the kill"
     sa.run.stop("worker", sig=9)          # kill -9 mid-sync: acks_late redelivers it
     lab.restart_redis("a")
