@@ -1,11 +1,10 @@
-"""Volume groups: named sets of volumes that snapshot and replicate as one.
+"""Volume groups: named sets of volumes that replicate as one (one consistent instant).
 
 A volume belongs to at most one group (LIMIT_VOLUME_TO_ONE_VOLUME_GROUP).
 Deleting a group deletes its member volumes, as the CSI-Addons seed says.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import time
@@ -14,7 +13,6 @@ from dataclasses import asdict, dataclass, field
 from . import store
 from .errors import (Conflict, GroupNotFound, InvalidInput, InvalidParameter, PreconditionFailed,
                      ResourceExhausted, VolumeNotFound)
-from .host import freeze, reflink
 from .ids import check_id, check_map, check_name, name_key, new_id
 from .paging import paginate
 from .pool import Pool
@@ -152,29 +150,3 @@ class GroupService:
         groups = sorted((Group.from_doc(d) for d in self.pool.list_docs("groups")),
                         key=lambda g: (g.created_at, g.group_id))
         return paginate(groups, max_entries, token)
-
-    def snapshot(self, group_id: str, name: str, mountpoint=None) -> dict:
-        """One consistent instant across members: freeze all, reflink all, thaw all.
-
-        Returns {volume_id: snapshot image path}. *mountpoint(volume_id)* gives
-        the mounted filesystem to freeze, if any.
-        """
-        check_name(name)
-        g = self.get(group_id)
-        out = {}
-        with contextlib.ExitStack() as stack:
-            for vid in g.volume_ids:
-                stack.enter_context(self.pool.lock(vid, blocking=True))
-            mps = [mp for vid in g.volume_ids if mountpoint and (mp := mountpoint(vid))]
-            snap_dir = self.pool.root / "groups" / f"{group_id}.snapshots" / name_key("gsnap", name)
-            snap_dir.mkdir(parents=True, exist_ok=True)
-            with freeze.frozen(mps):
-                for vid in g.volume_ids:
-                    dst = snap_dir / f"{vid}.img"
-                    if not dst.exists():
-                        reflink.clone_file(self.pool.image(vid), dst, fsync=False)
-                    out[vid] = dst
-            for p in out.values():
-                with open(p, "rb+") as f:
-                    os.fsync(f.fileno())
-        return out
