@@ -20,6 +20,7 @@ from .protocol import (CODEC_RAW, CODEC_ZERO, CODEC_ZSTD, MANIFEST_ENTRY, Manife
                        encode_record_header)
 
 CHUNK = 1 << 20            # data records never exceed one chunk, aligned to the chunk grid
+READAHEAD = 16 << 20       # a fresh snapshot's pages are cold: keep the disk busy ahead of the hashing
 CLEAR_WINDOW = 64 << 20    # hole ranges are checked against the base map in larger windows
 MAX_ZERO_RECORD = 1 << 30
 
@@ -86,7 +87,17 @@ def scan_member(member: int, fd: int, size: int, base_map, new_map, new_from_bas
 
     events = sorted([(s, e, 0) for s, e in ms.scan] + [(s, e, 1) for s, e in ms.clear])
     h64 = xxhash.xxh3_64_intdigest
+    advised = 0   # scan ranges whose reads were queued ahead
+    done_scans = 0
     for start, end, is_clear in events:
+        if not is_clear:
+            if advised <= done_scans:
+                # many small changed ranges: queue the next reads together, the fresh
+                # snapshot's pages are cold and the disk serves them in parallel
+                for s, e in ms.scan[advised:advised + 512]:
+                    os.posix_fadvise(fd, s, min(e - s, READAHEAD), os.POSIX_FADV_WILLNEED)
+                advised += 512
+            done_scans += 1
         pos = start
         window = CLEAR_WINDOW if is_clear else chunk
         while pos < end:
@@ -104,6 +115,8 @@ def scan_member(member: int, fd: int, size: int, base_map, new_map, new_from_bas
                     add_zero(off, min(c * bs, size - off))
                 pos = wend
                 continue
+            if (pos - start) % (READAHEAD // 2) == 0 and pos + n < end:
+                os.posix_fadvise(fd, pos + n, min(READAHEAD, end - pos - n), os.POSIX_FADV_WILLNEED)
             got = os.preadv(fd, [mv[:n]], pos)
             if got < n:
                 mv[got:n] = bytes(n - got)
