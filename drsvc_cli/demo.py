@@ -74,24 +74,31 @@ def _write_files(root: Path, tag: str, n: int = 4, size: int = 2 << 20) -> None:
     os.sync()
 
 
-def inventory(lab: Lab, path: Path) -> Path:
-    lines = ["all:", "  hosts:", "    localhost:", "      ansible_connection: local",
-             "      ansible_python_interpreter: " + sys.executable, "  vars:", "    sites:"]
-    for name, s in lab.sites.items():
-        lines += [f"      {name}:", f"        endpoint: {s.endpoint}", f"        config: {s.config_path}"]
-    path.write_text("\n".join(lines) + "\n")
+def inventory(lab: Lab, path: Path, scratch: Path) -> Path:
+    """The shape of playbooks/inventory.example.yml, for the lab's sites (JSON is YAML)."""
+    hosts = {f"site-{n}": {"drsvc_site": n, "drsvc_endpoint": s.endpoint, "drsvc_config": str(s.config_path),
+                           "ansible_connection": "local"} for n, s in lab.sites.items()}
+    doc = {"all": {"vars": {"ansible_python_interpreter": sys.executable},
+                   "hosts": {"localhost": {"ansible_connection": "local"}},
+                   "children": {"drsvc_sites": {"vars": {"drsvc_wait": 120, "drsvc_secrets": {},
+                                                         "drsvc_drill_scratch": str(scratch)},
+                                                "hosts": hosts}}}}
+    path.write_text(json.dumps(doc, indent=1))
     return path
 
 
 def playbook(lab: Lab, name: str, extra: dict, work: Path) -> dict:
-    inv = inventory(lab, work / "inventory.yml")
+    (work / "drill").mkdir(exist_ok=True)
+    inv = inventory(lab, work / "inventory.yml", work / "drill")
     env = dict(os.environ, ANSIBLE_LIBRARY=str(PLAYBOOKS / "library"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_LOCAL_TEMP=str(work / "ansible-tmp"), ANSIBLE_REMOTE_TEMP=str(work / "ansible-tmp"),
                ANSIBLE_RETRY_FILES_ENABLED="0", ANSIBLE_STDOUT_CALLBACK="default")
     r = runner.run(["ansible-playbook", "-i", inv, PLAYBOOKS / name, "-e", json.dumps(extra)],
                    timeout=600, env=env)
     recap = [ln for ln in r.stdout.splitlines() if "ok=" in ln and "failed=" in ln]
-    return {"playbook": name, "recap": recap[-1].strip() if recap else ""}
+    said = [ln.strip().strip('"').removeprefix('"msg": "') for ln in r.stdout.splitlines()
+            if '"msg":' in ln]
+    return {"playbook": name, "recap": " ".join(recap[-1].split()) if recap else "", "report": said}
 
 
 def run_demo(*, keep: bool = False, as_json: bool = False, root: str | None = None) -> int:
@@ -160,8 +167,7 @@ def run_demo(*, keep: bool = False, as_json: bool = False, root: str | None = No
         steps.run("watch scheduled syncs land (initial + scheduled)", watch)
 
         steps.run("drill at site b (playbooks/drill.yml)", lambda: playbook(
-            lab, "drill.yml", {"secondary_site": "b", "group_id": ids["group"], "scratch_dir": str(work / "drill")},
-            work))
+            lab, "drill.yml", {"primary_site": "a", "secondary_site": "b", "group_id": ids["group"]}, work))
         steps.run("planned failover of the group and the volume (playbooks/planned-failover.yml)", lambda: [
             playbook(lab, "planned-failover.yml", {"primary_site": "a", "secondary_site": "b", **unit}, work)
             for unit in ({"group_id": ids["group"]}, {"volume_id": ids["volume"]})])
