@@ -1,0 +1,92 @@
+"""A TCP proxy in front of a peer's sshd that cuts connections after N bytes.
+
+`arm(n)` makes the next connection reset both ends once n client->server bytes
+have passed (an RST, as a dropped link looks to both sides); unarmed
+connections pass through. Every connection is a thread pair-less pump (select).
+"""
+from __future__ import annotations
+
+import select
+import socket
+import struct
+import threading
+
+_LINGER_RST = struct.pack("ii", 1, 0)
+
+
+class CuttingProxy:
+    def __init__(self, target_port: int, host: str = "127.0.0.1"):
+        self.target = (host, target_port)
+        self.listener = socket.create_server((host, 0))
+        self.port = self.listener.getsockname()[1]
+        self._armed: list[int] = []
+        self._lock = threading.Lock()
+        self.cuts = 0
+        self.connections = 0
+        self.passed = 0            # client->server bytes of the last connection
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def arm(self, *cut_after: int) -> None:
+        """Cut the next len(cut_after) connections, each after its byte count."""
+        with self._lock:
+            self._armed.extend(cut_after)
+
+    def disarm(self) -> None:
+        with self._lock:
+            self._armed.clear()
+
+    def _accept(self) -> None:
+        self.listener.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            with self._lock:
+                cut = self._armed.pop(0) if self._armed else None
+            self.connections += 1
+            try:
+                server = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            threading.Thread(target=self._pump, args=(client, server, cut), daemon=True).start()
+
+    def _pump(self, client: socket.socket, server: socket.socket, cut: int | None) -> None:
+        passed = 0
+        try:
+            while not self._stop.is_set():
+                ready, _, _ = select.select([client, server], [], [], 0.5)
+                for src in ready:
+                    data = src.recv(1 << 16)
+                    if not data:
+                        return
+                    if src is client:
+                        if cut is not None and passed + len(data) >= cut:
+                            server.sendall(data[:cut - passed])
+                            passed = cut
+                            self.cuts += 1
+                            return
+                        passed += len(data)
+                        server.sendall(data)
+                    else:
+                        client.sendall(data)
+        except OSError:
+            pass
+        finally:
+            self.passed = passed
+            for s in (client, server):
+                try:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RST)
+                    s.close()
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._stop.set()
+        self.listener.close()
+        self._thread.join(timeout=2)

@@ -1,0 +1,167 @@
+"""Shared steps of the fault suite: generations the primary produced, replica checks
+that feed the tally, peers built from a site's config, receiver processes on a peer."""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import signal
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import grpc
+
+from csi_plugin.gen import admin_pb2, admin_pb2_grpc
+from drsvc.lab import receiver_command
+from drsvc.replication.state import find_state
+from drsvc.transport.ssh import SshPeer
+from tests.fixtures.sites import image_sha
+
+from .tally import TALLY
+
+MiB = 1 << 20
+
+
+def file_sha(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class Generations:
+    """sha256 of the primary's image at every generation the test produced.
+
+    The test is the only writer and never writes while a sync captures, so the
+    image right before a sync attempt is exactly what that generation holds."""
+
+    def __init__(self):
+        self.known: dict[str, list] = defaultdict(list)
+
+    def record(self, site, volume_id) -> str:
+        sha = image_sha(site, volume_id)
+        self.known[volume_id].append(sha)
+        return sha
+
+    def check_whole(self, site, volume_id) -> str:
+        """The replica equals one complete generation, never a mix (torn)."""
+        sha = image_sha(site, volume_id)
+        TALLY.verified += 1
+        if sha not in self.known[volume_id]:
+            TALLY.torn += 1
+            raise AssertionError(f"replica of {volume_id} at {site.name} is torn: it matches no generation")
+        return sha
+
+
+def check_converged(src, dst, unit_id, volume_ids) -> None:
+    """Every generation the primary acked is at the replica: same generation, same bytes."""
+    acked = find_state(src.pool, unit_id).generation
+    st = find_state(dst.pool, unit_id)
+    TALLY.verified += 1
+    same = st is not None and st.generation == acked and all(
+        image_sha(src, v) == image_sha(dst, v) for v in volume_ids)
+    if not same:
+        TALLY.lost += 1
+        raise AssertionError(f"{unit_id}: primary acked generation {acked}, replica holds "
+                             f"{st.generation if st else None} with different data")
+
+
+def peer_of(site, name="b", *, port=None, known_hosts=None, io_timeout=30.0) -> SshPeer:
+    """The SSH peer exactly as the site's worker builds it (pinned key, dedicated key)."""
+    p = site.cfg.peer(name)
+    return SshPeer(p.host, port=port or p.port, user=p.user, key_file=p.key,
+                   known_hosts=known_hosts or p.known_hosts, name=name, io_timeout=io_timeout,
+                   connect_timeout=10)
+
+
+def set_receiver_failpoints(lab, name: str, points=()) -> None:
+    """Rewrite the site's authorized_keys so the forced command runs the receiver with
+    DRSVC_FAILPOINTS set (sshd passes no client environment; this is the lab's own file)."""
+    s = lab.sites[name]
+    cmd = receiver_command(s.pool)
+    if points:
+        cmd = cmd.replace("exec ", f"exec env DRSVC_FAILPOINTS={','.join(points)} ", 1)
+    lines = []
+    for peer in lab.sites.values():
+        if peer.name != name:
+            pub = (peer.root / "ssh" / f"to-{name}.pub").read_text().strip()
+            lines.append(f'command="{cmd}",restrict {pub}')
+    path = s.root / "ssh" / "authorized_keys"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    os.chmod(tmp, 0o600)
+    os.rename(tmp, path)     # sshd reads it per login: never half a file
+
+
+def receiver_pids(pool: Path) -> list[int]:
+    """Receivers serving *pool*, found by their command line."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"drsvc.replication.receiver" in argv and str(pool).encode() in argv:
+            out.append(int(d.name))
+    return out
+
+
+def kill_receivers(pool: Path) -> int:
+    n = 0
+    for pid in receiver_pids(pool):
+        try:
+            os.kill(pid, signal.SIGKILL)
+            n += 1
+        except ProcessLookupError:
+            pass
+    return n
+
+
+def admin(client):
+    return admin_pb2_grpc.AdminStub(client.channel)
+
+
+def unit_msg(unit_id: str):
+    return admin_pb2.Unit(volume_group_id=unit_id) if unit_id.startswith("grp-") \
+        else admin_pb2.Unit(volume_id=unit_id)
+
+
+def status(client, unit_id: str):
+    return admin(client).GetReplicationStatus(
+        admin_pb2.GetReplicationStatusRequest(unit=unit_msg(unit_id)), timeout=30)
+
+
+def sync_now(client, unit_id: str, wait: float = 30):
+    return admin(client).SyncNow(admin_pb2.SyncNowRequest(unit=unit_msg(unit_id), wait_seconds=wait),
+                                 timeout=wait + 30)
+
+
+TRANSIENT = (grpc.StatusCode.ABORTED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def reissue(fn, *, timeout=90, what="the RPC"):
+    """Repeat an RPC as a CO does after a restart: while it is in progress or the
+    server is away. Any other error is the answer."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return fn()
+        except grpc.RpcError as e:
+            if e.code() not in TRANSIENT or time.monotonic() > deadline:
+                raise AssertionError(f"{what}: {e.code()} {e.details()}") from None
+            time.sleep(0.3)
+
+
+def metric(text: str, name: str, unit_id: str) -> float | None:
+    m = re.search(rf'^{name}{{[^}}]*unit="{re.escape(unit_id)}"[^}}]*}} (\S+)$', text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def intervals_overlap(reports) -> list:
+    """Pairs of sync reports whose [started_at, started_at + duration_s] overlap."""
+    spans = sorted((r["started_at"], r["started_at"] + r["duration_s"], r.get("txid")) for r in reports)
+    return [(a, b) for a, b in zip(spans, spans[1:]) if b[0] < a[1]]

@@ -1,0 +1,38 @@
+"""The fault suite's running count, printed as one line at the end of the run.
+
+Registered from tests/conftest.py (pytest_plugins), so the line appears however
+the fault tests were selected (-m faults, a path, -k ...).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Tally:
+    faults: int = 0      # kills, cuts, restarts, outages injected
+    verified: int = 0    # replica checksums compared against a complete generation
+    torn: int = 0        # a replica equal to no complete generation of the primary
+    lost: int = 0        # an acknowledged generation missing from the replica
+
+    def line(self) -> str:
+        return (f"faults injected: {self.faults}, replicas verified: {self.verified}, "
+                f"torn: {self.torn}, lost: {self.lost}")
+
+
+TALLY = Tally()
+_ran = {"faults": False}
+
+
+def fault(n: int = 1) -> None:
+    TALLY.faults += n
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("faults") or item.get_closest_marker("soak"):
+        _ran["faults"] = True
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if _ran["faults"]:
+        terminalreporter.write_line(TALLY.line())
