@@ -94,10 +94,10 @@ class Lab:
             runner.run(["mount", "-o", "loop", s.fs_image, mnt])
         s.pool = mnt / "pool"
 
-    def _start_redis(self, s: LabSite) -> None:
-        s.redis_port = free_port()
+    def _spawn_redis(self, s: LabSite) -> None:
         d = s.root / "redis"
         d.mkdir(exist_ok=True)
+        # appendonly: a restarted redis keeps queued tasks and markers, as in production
         argv = ["redis-server", "--port", s.redis_port, "--bind", "127.0.0.1", "--dir", d,
                 "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no",
                 "--logfile", d / "redis.log"]
@@ -108,20 +108,14 @@ class Lab:
         s.procs.append(p)
         wait_port(s.redis_port)
 
+    def _start_redis(self, s: LabSite) -> None:
+        s.redis_port = free_port()
+        self._spawn_redis(s)
+
     def restart_redis(self, name: str) -> None:
         s = self.sites[name]
         _kill(s.redis_pid)
-        port = s.redis_port
-        d = s.root / "redis"
-        argv = ["redis-server", "--port", port, "--bind", "127.0.0.1", "--dir", d,
-                "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no",
-                "--logfile", d / "redis.log"]
-        if self.redis_password:
-            argv += ["--requirepass", self.redis_password]
-        p = runner.spawn(argv)
-        s.redis_pid = p.pid
-        s.procs.append(p)
-        wait_port(port)
+        self._spawn_redis(s)
 
     def _keys(self) -> None:
         """Host keys per site, and one replication key per direction."""
