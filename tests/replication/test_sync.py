@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from drsvc.errors import (BaseMismatch, NotPrimary, ReplicaIsPrimary, ReplicationConflict,
+from drsvc.errors import (NotPrimary, ReplicaIsPrimary, ReplicationConflict,
                           StaleEpoch)
 from drsvc.replication import peer_status, release_peer, sync_unit, verify_unit
 from drsvc.replication import state as rstate
