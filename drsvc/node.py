@@ -43,6 +43,14 @@ def _require(value, field: str):
     return value
 
 
+def _served_path(value: str, field: str) -> str:
+    """A path the CO asks about (stats, expand): a relative one is not one we serve."""
+    _require(value, field)
+    if not os.path.isabs(value):
+        raise NotFound(f"{field} {value[:200]!r} is not a path this plugin published (not absolute)")
+    return value
+
+
 def _require_path(value: str, field: str) -> str:
     """A CO path: required and absolute (a relative one would land in the plugin's cwd)."""
     _require(value, field)
@@ -253,7 +261,7 @@ class NodeService:
 
     def stats(self, volume_id: str, volume_path: str) -> VolumeStats:
         check_id(volume_id)
-        _require_path(volume_path, "volume_path")
+        _served_path(volume_path, "volume_path")
         self.volumes.get_volume(volume_id)
         volume_path = os.path.normpath(volume_path)
         if not os.path.exists(volume_path):
@@ -281,7 +289,7 @@ class NodeService:
 
     def expand(self, volume_id: str, volume_path: str, required_bytes: int = 0, limit_bytes: int = 0) -> int:
         check_id(volume_id)
-        _require_path(volume_path, "volume_path")
+        _served_path(volume_path, "volume_path")
         vol = self.volumes.get_volume(volume_id)
         if required_bytes > vol.capacity_bytes:
             raise CapacityOutOfRange(reason=f"required_bytes {required_bytes} is above the volume's "
