@@ -19,7 +19,11 @@ def make_app(cfg: SiteConfig) -> Celery:
         result_extended=True,               # task name and args in the result backend
         result_expires=7 * 24 * 3600,
         task_serializer="json", result_serializer="json", accept_content=["json"],
-        broker_transport_options={"visibility_timeout": cfg.visibility_timeout},
+        # kombu sweeps for abandoned tasks every interval x throttle seconds (10 x 10 by
+        # default): a SIGKILLed worker's task came back ~100 s late whatever the timeout
+        broker_transport_options={"visibility_timeout": cfg.visibility_timeout,
+                                  "unacked_restore_interval": max(1, min(10, cfg.visibility_timeout // 4)),
+                                  "unacked_restore_throttle": 1},
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
     )
