@@ -57,7 +57,9 @@ class Health:
 def assess(*, now: float, interval: int, enabled_at: float, last_success: float,
            consecutive_failures: int, last_error: str, conflict: str = "") -> Health:
     """Health of a primary's replication relative to its interval."""
-    since = last_success or enabled_at
+    # a re-promoted primary counts from its promotion, not from its previous term
+    pending = last_success < enabled_at
+    since = max(last_success, enabled_at)
     lag = max(0.0, now - since)
     missed = max(0, int(lag // interval) - 1) if interval else 0
     if conflict:
@@ -66,8 +68,8 @@ def assess(*, now: float, interval: int, enabled_at: float, last_success: float,
         return Health("DEGRADED", f"{consecutive_failures} consecutive sync failure(s); last: {last_error}",
                       lag, missed)
     if lag > 2 * interval + 5:
-        what = "last successful sync" if last_success else "replication was enabled"
+        what = "replication was enabled or promoted" if pending else "last successful sync"
         return Health("DEGRADED", f"behind schedule: {what} {lag:.0f}s ago, interval {interval}s", lag, missed)
-    if not last_success:
+    if pending:
         return Health("UNKNOWN", "initial sync pending", lag, missed)
     return Health("HEALTHY", f"in sync; last sync {lag:.0f}s ago", lag, missed)
