@@ -1,12 +1,46 @@
 """The Celery app factory: one app per site, bound to that site's Redis and queue."""
 from __future__ import annotations
 
+import logging
+
 from celery import Celery
 
 from drsvc.config import SiteConfig
 
+log = logging.getLogger(__name__)
+
+
+def _survive_broker_loss() -> None:
+    """kombu 5.7's Redis transport, after a lost connection, still acks and restores the
+    messages of the channel it dropped, through the connection it already let go
+    (AttributeError): the worker died on every Redis restart. Those messages stay in
+    Redis's unacked set, so skipping them is safe: the visibility sweep redelivers them,
+    and every drsvc task is idempotent."""
+    from kombu.transport import redis as kombu_redis
+    qos = kombu_redis.QoS
+    if getattr(qos, "_drsvc_survives_broker_loss", False):
+        return
+
+    def dropped(self) -> bool:
+        conn = getattr(self.channel, "connection", None)
+        return conn is None or conn.client is None
+
+    def guard(method):
+        def guarded(self, *args, **kwargs):
+            if dropped(self):
+                log.warning("broker connection gone: %s skipped; the visibility sweep redelivers",
+                            method.__name__)
+                return None
+            return method(self, *args, **kwargs)
+        return guarded
+
+    for name in ("ack", "reject", "restore_unacked"):
+        setattr(qos, name, guard(getattr(qos, name)))
+    qos._drsvc_survives_broker_loss = True
+
 
 def make_app(cfg: SiteConfig) -> Celery:
+    _survive_broker_loss()
     app = Celery(f"drsvc-{cfg.site}", broker=cfg.redis_url, backend=cfg.redis_url)
     app.conf.update(
         task_default_queue=cfg.queue,
