@@ -134,7 +134,7 @@ def _quiet(fn, *args):
 
 @pytest.mark.faults
 def test_connection_cut_at_random_offsets(flab, rnd):
-    random_cuts(flab, rnd, 60)
+    random_cuts(flab, rnd, 80)
 
 
 @pytest.mark.faults

@@ -170,12 +170,12 @@ def _quiet(fn, *args):
 
 @pytest.mark.faults
 def test_receiver_killed_at_commit_points(flab, rnd):
-    commit_point_kills(flab, rnd, 48)
+    commit_point_kills(flab, rnd, 64)
 
 
 @pytest.mark.faults
 def test_receiver_killed_during_apply_and_stream(flab, rnd):
-    apply_and_stream_kills(flab, rnd, 24)
+    apply_and_stream_kills(flab, rnd, 30)
 
 
 @pytest.mark.faults

@@ -182,12 +182,12 @@ def test_redis_restarted_during_sync(flab, rnd):
 
 @pytest.mark.faults
 def test_redis_restarted_during_promote(flab, rnd):
-    promote_with(flab, rnd, 3, _restart_redis(flab))
+    promote_with(flab, rnd, 4, _restart_redis(flab))
 
 
 @pytest.mark.faults
 def test_plugin_restarted_during_promote(flab, rnd):
-    promote_with(flab, rnd, 3, _kill_plugin(flab, rnd))
+    promote_with(flab, rnd, 5, _kill_plugin(flab, rnd))
 
 
 @pytest.mark.faults
