@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from drsvc.errors import UnsupportedCapability
 from drsvc.model import BLOCK, MOUNT, Capability, ContentSource, Snapshot, Volume
 
 from .gen import csi_pb2
@@ -10,7 +11,11 @@ from .gen import csi_pb2
 
 def capability(cap: csi_pb2.VolumeCapability) -> Capability:
     which = cap.WhichOneof("access_type")
-    mode = csi_pb2.VolumeCapability.AccessMode.Mode.Name(cap.access_mode.mode)
+    modes = csi_pb2.VolumeCapability.AccessMode.Mode
+    if cap.access_mode.mode not in modes.values():
+        # proto3 enums are open: an undefined number arrives intact and Name() raises
+        raise UnsupportedCapability(reason=f"unknown access mode {cap.access_mode.mode}")
+    mode = modes.Name(cap.access_mode.mode)
     if which == "mount":
         return Capability(MOUNT, mode, cap.mount.fs_type, tuple(cap.mount.mount_flags))
     if which == "block":
