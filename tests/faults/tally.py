@@ -21,6 +21,7 @@ class Tally:
 
 
 TALLY = Tally()
+FUZZ_CASES: dict = {}    # "service/method" -> cases run, printed after the run
 _ran = {"faults": False}
 
 
@@ -34,5 +35,8 @@ def pytest_runtest_setup(item):
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if FUZZ_CASES:
+        terminalreporter.write_line(f"fuzz cases per method ({sum(FUZZ_CASES.values())} in all): " + ", ".join(
+            f"{k} {v}" for k, v in sorted(FUZZ_CASES.items())))
     if _ran["faults"]:
         terminalreporter.write_line(TALLY.line())

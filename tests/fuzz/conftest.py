@@ -10,9 +10,8 @@ from csi_plugin.gen import csi_pb2, volumegroup_pb2
 from tests.faults.conftest import build_lab, close_lab
 
 
-@pytest.fixture(scope="module")
-def fuzz_lab():
-    lab = build_lab("drsvc-fuzz-")
+def refresh_ids(lab) -> None:
+    """Real objects to aim at, made again (by name: idempotent) since the fuzzer deletes them."""
     A = lab.clients["a"]
     vol = A.create_volume("fuzz-vol", 32 << 20).volume_id
     free = A.create_volume("fuzz-free", 16 << 20).volume_id
@@ -22,6 +21,12 @@ def fuzz_lab():
     A.retry("EnableVolumeReplication", volume_id=vol, parameters={"schedulingInterval": "1h"})
     lab.ids = {"volume": [vol, free, member], "group": [grp.volume_group_id], "snapshot": [snap.snapshot_id],
                "node": [lab.sites["a"].cfg.node_id]}
+
+
+@pytest.fixture(scope="module")
+def fuzz_lab():
+    lab = build_lab("drsvc-fuzz-")
+    refresh_ids(lab)
     lab.sandbox = lab.root / "sandbox"
     lab.sandbox.mkdir()
     os.chmod(lab.sandbox, 0o700)

@@ -15,6 +15,9 @@ from hypothesis import HealthCheck, given, settings
 
 from csi_plugin.gen import admin_pb2, csi_pb2, identity_pb2, replication_pb2, volumegroup_pb2
 
+from tests.faults.tally import FUZZ_CASES
+
+from .conftest import refresh_ids
 from .messages import Requests, message_class
 
 C = grpc.StatusCode
@@ -23,8 +26,7 @@ ALLOWED = {C.OK, C.INVALID_ARGUMENT, C.NOT_FOUND, C.ALREADY_EXISTS, C.FAILED_PRE
 MODULES = (csi_pb2, identity_pb2, volumegroup_pb2, replication_pb2, admin_pb2)
 METHODS = [(svc.full_name, m) for mod in MODULES for svc in mod.DESCRIPTOR.services_by_name.values()
            for m in svc.methods]
-CASES = int(os.environ.get("FUZZ_CASES", "60"))
-TALLY: dict = {}
+CASES = int(os.environ.get("FUZZ_CASES", "250"))
 
 
 def _walk(root: Path, skip_mounts=True) -> dict:
@@ -89,7 +91,6 @@ def fuzz_state(fuzz_lab):
             q = q.parent
     extra = [p for p in _walk(fuzz_lab.sandbox) if p not in allowed]
     assert not extra, f"the sandbox gained paths no request named: {extra[:5]}"
-    print("\nfuzz cases per method: " + ", ".join(f"{k} {v}" for k, v in sorted(TALLY.items())))
 
 
 def _paths_in(msg, out: set):
@@ -103,6 +104,7 @@ def _paths_in(msg, out: set):
 
 def fuzz_method(fuzz_state, service, method, cases):
     lab, used_paths = fuzz_state
+    refresh_ids(lab)
     channel = lab.clients["a"].channel
     reqs = Requests(lab.ids, lab.sandbox)
     strategy = reqs.message(method.input_type)
@@ -123,7 +125,7 @@ def fuzz_method(fuzz_state, service, method, cases):
     run()
     probe(channel)
     assert lab.sites["a"].run.pid("plugin") is not None, "the plugin died"
-    TALLY[f"{service}/{method.name}"] = sum(codes.values())
+    FUZZ_CASES[f"{service}/{method.name}"] = sum(codes.values())
     print(f"{service}/{method.name}: {sum(codes.values())} cases in {time.monotonic() - t0:.1f}s {dict(codes)}")
 
 
