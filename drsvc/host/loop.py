@@ -1,12 +1,14 @@
 """Loop devices. Attach is one `losetup --find --show` call (no find-then-attach race)."""
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
 
 from .. import runner
 
 SYS_BLOCK = Path("/sys/block")
+BLKFLSBUF = 0x1261
 
 
 def _backing_file(dev_name: str) -> str | None:
@@ -47,7 +49,19 @@ def attach(image: Path, *, readonly: bool = False) -> str:
     argv = ["losetup", "--find", "--show", "--direct-io=off"]
     if readonly:
         argv.append("--read-only")
-    return runner.run(argv + [os.path.realpath(image)], timeout=60).stdout.strip()
+    device = runner.run(argv + [os.path.realpath(image)], timeout=60).stdout.strip()
+    drop_buffers(device)
+    return device
+
+
+def drop_buffers(device: str) -> None:
+    """Drop the device's buffer cache: a reused /dev/loopN must not serve blocks
+    cached from the file it backed before."""
+    fd = os.open(device, os.O_RDONLY)
+    try:
+        fcntl.ioctl(fd, BLKFLSBUF, 0)
+    finally:
+        os.close(fd)
 
 
 def detach_image(image: Path) -> None:
