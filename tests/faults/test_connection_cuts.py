@@ -49,8 +49,8 @@ def random_cuts(lab, rnd, rounds):
             write_random(sa, vol, count=delta // (64 << 10), seed=rnd.random())
             gens.record(sa, vol)
             cuts = proxy.cuts
-            # from inside the SSH handshake to past the end of the delta
-            proxy.arm(rnd.randrange(500, delta + (64 << 10)))
+            # anywhere from inside the SSH handshake to the end of the records
+            proxy.arm(rnd.randrange(500, delta))
             try:
                 with peer_of(sa, port=proxy.port, known_hosts=kh, io_timeout=15) as p:
                     r = sync_unit(sa.pool, vol, [vol], p)
