@@ -169,7 +169,9 @@ def test_sidecar_form_and_missing_source(lab):
     vol = A.create_volume("side", 64 << 20).volume_id
     assert code_of(lambda: A.call("EnableVolumeReplication")) == grpc.StatusCode.INVALID_ARGUMENT
     A.retry("EnableVolumeReplication", volume_id=vol, parameters=INTERVAL, sidecar=True)
-    wait_for(lambda: generation(lab.sites["a"], vol) >= 1, 30, what="initial sync")
+    # the outcome is recorded just after the generation: wait for what the RPC reports
+    wait_for(lambda: A.call("GetVolumeReplicationInfo", volume_id=vol).last_sync_time.seconds, 30,
+             what="initial sync recorded")
     a = A.call("GetVolumeReplicationInfo", volume_id=vol, sidecar=True)
     b = A.call("GetVolumeReplicationInfo", volume_id=vol)
     assert a.last_sync_time.seconds and b.last_sync_time.seconds
