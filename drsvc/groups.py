@@ -6,7 +6,6 @@ Deleting a group deletes its member volumes, as the CSI-Addons seed says.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import asdict, dataclass, field
 

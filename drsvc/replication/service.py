@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .. import store
 from ..config import SiteConfig
 from ..dispatch import Dispatcher
-from ..errors import (DrsvcError, GroupNotFound, InvalidInput, InvalidParameter, NotFound,
-                      OperationInProgress, PeerUnreachable, PreconditionFailed, ReplicaIsPrimary,
-                      StaleEpoch, Unavailable, VolumeNotFound)
+from ..errors import (DrsvcError, InvalidInput, InvalidParameter, NotFound,
+                      OperationInProgress, PreconditionFailed, ReplicaIsPrimary,
+                      StaleEpoch)
 from ..ids import check_id
 from ..schedule import assess, parse_interval, parse_start_time
 from . import state as unit_state
@@ -208,7 +208,7 @@ class ReplicationService:
         return bool(self._run("resync", unit, force=force).get("ready"))
 
     def info(self, unit: Unit) -> Info:
-        c = self._enabled(unit)
+        self._enabled(unit)
         st = unit_state.find_state(self.pool, unit.unit_id)
         if st is None or st.role != "primary":
             raise PreconditionFailed(f"{unit.kind} {unit.unit_id} is not primary on site {self.cfg.site}")
