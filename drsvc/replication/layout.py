@@ -7,20 +7,17 @@
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
+from .. import ids
 from ..errors import InvalidName
-
-ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 def check_id(value, what: str = "unit id") -> str:
     """Return *value* when it is a safe single path component, else raise InvalidName."""
-    if not isinstance(value, str) or not ID_RE.match(value) or value in (".", ".."):
-        raise InvalidName(what=what, value=value,
-                          reason="must match [A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-    return value
+    if not isinstance(value, str) or not value:
+        raise InvalidName(what=what, value=value, reason="must be a non-empty string")
+    return ids.check_id(value, what)
 
 
 class PoolLayout:
