@@ -53,5 +53,7 @@ def test_no_shell_and_no_unpinned_host_keys():
     for pkg in ("drsvc", "csi_plugin", "workers", "drsvc_cli", "playbooks"):
         for p in _py(pkg):
             text = p.read_text()
-            for banned in ("shell=True", "AutoAddPolicy", "WarningPolicy", "StrictHostKeyChecking=no"):
+            # spelled in pieces so a grep for them finds real uses, not this test
+            for banned in ("shell" + "=True", "AutoAdd" + "Policy", "Warning" + "Policy",
+                           "StrictHostKeyChecking" + "=no"):
                 assert banned not in text, f"{p.relative_to(ROOT)} uses {banned}"
