@@ -8,7 +8,7 @@ from celery import Celery
 from celery.exceptions import TimeoutError as CeleryTimeout
 
 from drsvc.dispatch import raise_from_dict
-from drsvc.errors import OperationInProgress, Unavailable
+from drsvc.errors import InternalError, OperationInProgress, Unavailable
 
 from . import inflight
 
@@ -44,4 +44,7 @@ class CeleryDispatcher:
             raise Unavailable(f"this site's Redis is unreachable: {type(e).__name__}") from None
         if isinstance(value, dict):
             return raise_from_dict(value)
-        raise OperationInProgress(f"{op} of {unit_id} ended in state {result.state}; retry")
+        if result.state == "FAILURE":
+            # tasks report errors as dicts; an exception here is a worker-side bug: say so
+            raise InternalError(f"{op} of {unit_id} failed in the worker: {value!r}")
+        raise OperationInProgress(f"{op} of {unit_id} is {result.state}; retry to follow it")

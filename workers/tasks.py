@@ -43,7 +43,7 @@ def register(app) -> None:
         @app.task(name=f"drsvc.{op}", bind=True, acks_late=True, max_retries=8)
         def task(self, unit_id: str, **kwargs):
             svc = service_for(app)
-            r = redis.Redis.from_url(cfg.redis_url, socket_timeout=10)
+            r = svc.dispatcher.redis          # one client per worker process
             retrying = False
             try:
                 out = getattr(svc, f"run_{op}")(unit_id, **kwargs)

@@ -189,8 +189,9 @@ class ReplicationService:
     def demote(self, unit: Unit, *, force: bool) -> None:
         self._enabled(unit)
         for vid in unit.members:
-            writers = [t for t, o in ((self.site.node.find_state(vid) or _NoState).targets.items())
-                       if not o.get("readonly")]
+            node_state = self.site.node.find_state(vid)
+            targets = node_state.targets if node_state else {}
+            writers = [t for t, o in targets.items() if not o.get("readonly")]
             if writers:
                 raise PreconditionFailed(f"volume {vid} is published read-write at {writers[0]}; "
                                          "stop its writers and unpublish it before demoting")
@@ -494,6 +495,3 @@ class ReplicationService:
         store.remove(_control_path(self.pool, unit_id))
         return {"peer_released": peer_released}
 
-
-class _NoState:
-    targets: dict = {}
