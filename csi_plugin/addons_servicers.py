@@ -4,7 +4,7 @@ from __future__ import annotations
 from google.protobuf.duration_pb2 import Duration
 
 import drsvc
-from drsvc.errors import InvalidInput
+from drsvc.errors import MissingField
 
 from . import convert
 from .csi_servicers import DRIVER_NAME
@@ -101,7 +101,7 @@ def source_of(req) -> tuple[str, str]:
             return "group", src.volumegroup.volume_group_id
     if req.volume_id:
         return "volume", req.volume_id
-    raise InvalidInput("volume_id or replication_source is required")
+    raise MissingField(field="volume_id or replication_source")
 
 
 class ReplicationController(replication_pb2_grpc.ControllerServicer):

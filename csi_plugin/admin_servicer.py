@@ -1,7 +1,7 @@
 """drsvc.admin.v1.Admin: operator status, sync-now and drill clones."""
 from __future__ import annotations
 
-from drsvc.errors import InvalidInput
+from drsvc.errors import MissingField
 
 from . import convert
 from .errors import rpc
@@ -29,7 +29,7 @@ class Admin(admin_pb2_grpc.AdminServicer):
             return self.status.resolve("group", unit.volume_group_id)
         if unit.volume_id:
             return self.status.resolve("volume", unit.volume_id)
-        raise InvalidInput("unit.volume_id or unit.volume_group_id is required")
+        raise MissingField(field="unit.volume_id or unit.volume_group_id")
 
     @rpc
     def ListReplications(self, req, context):

@@ -23,6 +23,7 @@ CODE_TABLE: list[tuple[type, grpc.StatusCode]] = [
     (E.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (E.Unavailable, grpc.StatusCode.UNAVAILABLE),
     (E.Unsupported, grpc.StatusCode.UNIMPLEMENTED),
+    (E.InternalError, grpc.StatusCode.INTERNAL),
     (E.DrsvcError, grpc.StatusCode.INTERNAL),
 ]
 

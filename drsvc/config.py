@@ -27,7 +27,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import InvalidInput, NotFound, Unauthenticated
+from .errors import (ConfigInvalid, ConfigNotFound, PeerNotFound, PeerRequired, Unauthenticated,
+                     UnsupportedEndpoint)
 from .ids import check_id
 
 
@@ -71,12 +72,11 @@ class SiteConfig:
         if not name:
             if len(self.peers) == 1:
                 return next(iter(self.peers.values()))
-            raise InvalidInput(f"parameter 'peer' is required: site {self.site} has "
-                               f"{len(self.peers)} peers ({', '.join(sorted(self.peers)) or 'none'})")
+            raise PeerRequired(site=self.site, count=len(self.peers), names=", ".join(sorted(self.peers)) or "none")
         try:
             return self.peers[name]
         except KeyError:
-            raise NotFound(f"site {self.site} has no peer named {name!r}") from None
+            raise PeerNotFound(site=self.site, name=name) from None
 
     def check_secrets(self, secrets: dict) -> None:
         """When a secrets file is configured, RPCs must carry secrets['token'] matching it."""
@@ -96,19 +96,19 @@ def socket_path(endpoint: str) -> Path:
             return Path(endpoint[len(prefix):])
     if endpoint.startswith("/"):
         return Path(endpoint)
-    raise InvalidInput(f"unsupported endpoint {endpoint!r}: use unix:///path/to/csi.sock")
+    raise UnsupportedEndpoint(endpoint=endpoint)
 
 
 def _req(doc: dict, key: str, where: str):
     if key not in doc:
-        raise InvalidInput(f"{where}: missing key {key!r}")
+        raise ConfigInvalid(where=where, reason=f"missing key {key!r}")
     return doc[key]
 
 
 def _peer(name: str, p: dict, where: str, rel) -> PeerConfig:
     transport = p.get("transport", "ssh")
     if transport not in TRANSPORT_KEYS:
-        raise InvalidInput(f"{where}: unknown transport {transport!r}; known: {sorted(TRANSPORT_KEYS)}")
+        raise ConfigInvalid(where=where, reason=f"unknown transport {transport!r}; known: {sorted(TRANSPORT_KEYS)}")
     for key in TRANSPORT_KEYS[transport]:
         _req(p, key, where)
 
@@ -143,7 +143,7 @@ def load(path: Path) -> SiteConfig:
     try:
         doc = tomllib.loads(path.read_text())
     except FileNotFoundError:
-        raise NotFound(f"site config {path} does not exist") from None
+        raise ConfigNotFound(path=path) from None
     except tomllib.TOMLDecodeError as e:
-        raise InvalidInput(f"site config {path}: {e}") from None
+        raise ConfigInvalid(where=f"site config {path}", reason=str(e)) from None
     return parse(doc, path)

@@ -187,16 +187,49 @@ class BaseMismatch(PreconditionFailed):
     template = "replica {unit_id!r} is at generation {have}; the delta needs base {base}"
 
 
-class StaleEpoch(PreconditionFailed):
+class SplitBrain(PreconditionFailed):
+    """Both sites act as primary for a unit, or a deposed primary is fenced by its epoch."""
+    template = "unit {unit_id!r}: split brain: {reason}"
+
+
+class StaleEpoch(SplitBrain):
     template = "epoch {epoch} for {unit_id!r} is older than the replica's epoch {have}"
 
 
-class ReplicaIsPrimary(PreconditionFailed):
+class ReplicaIsPrimary(SplitBrain):
     template = "unit {unit_id!r} is primary on this site and accepts no deltas"
 
 
 class NotPrimary(PreconditionFailed):
     template = "unit {unit_id!r} is {role} on this site; only a primary syncs"
+
+
+class NotSecondary(PreconditionFailed):
+    template = "{kind} {unit_id} is not demoted; only a secondary resyncs"
+
+
+class NotEnabled(PreconditionFailed):
+    template = "replication is not enabled for {kind} {unit_id}"
+
+
+class NeedsResync(PreconditionFailed):
+    template = "{unit_id} needs a resync before it can be promoted"
+
+
+class PeerNotDemoted(PreconditionFailed):
+    template = "the peer has not demoted {unit_id} at this site's generation {generation}"
+
+
+class PeerNotRecorded(PreconditionFailed):
+    template = "{unit_id} has no record of its peer; cannot become primary"
+
+
+class GroupEmpty(PreconditionFailed):
+    template = "volume group {group_id} has no volumes"
+
+
+class VolumeInGroup(InvalidInput):
+    template = "volume {volume_id} belongs to volume group {group_id}: replicate the group"
 
 
 class ReplicationConflict(PreconditionFailed):
@@ -205,3 +238,32 @@ class ReplicationConflict(PreconditionFailed):
 
 class RemoteError(InternalError):
     template = "peer failed: {reason}"
+
+
+# -- configuration and the edges' plumbing ------------------------------------
+class ConfigInvalid(InvalidInput):
+    template = "{where}: {reason}"
+
+
+class ConfigNotFound(NotFound):
+    template = "site config {path} does not exist"
+
+
+class UnsupportedEndpoint(InvalidInput):
+    template = "unsupported endpoint {endpoint!r}: use unix:///path/to/csi.sock"
+
+
+class PeerRequired(InvalidInput):
+    template = "parameter 'peer' is required: site {site} has {count} peers ({names})"
+
+
+class PeerNotFound(NotFound):
+    template = "site {site} has no peer named {name!r}"
+
+
+class BrokerUnreachable(Unavailable):
+    template = "this site's Redis is unreachable: {reason}"
+
+
+class WorkerFailed(InternalError):
+    template = "{op} of {unit_id} failed in the worker: {reason}"

@@ -145,6 +145,31 @@ class GroupService:
             return g
         return self.modify(group_id, g.volume_ids + [volume_id])
 
+    def ensure_replica(self, group_id: str, *, name: str, parameters: dict, max_volumes: int,
+                       volume_ids: list[str]) -> Group:
+        """The record of a group replicated from the peer, with the origin's members.
+
+        Repeat-safe. A volume the origin no longer lists leaves the group here
+        too (its group_id is cleared), so it can be deleted at this site."""
+        check_id(group_id, "volume_group_id")
+        members = sorted(check_id(v) for v in volume_ids)
+        with self.pool.lock(group_id, blocking=True):
+            g = self.find(group_id)
+            if g is not None and g.volume_ids == members:
+                return g
+            g = g or Group(group_id=group_id, name=name, parameters=dict(parameters), max_volumes=max_volumes,
+                           created_at=time.time())
+            for vid in [v for v in g.volume_ids if v not in members]:
+                vol = self.volumes.find_volume(vid)
+                if vol is not None and vol.group_id == group_id:
+                    self._set_member(vid, "")
+            g.volume_ids = members
+            store.write_doc(self.pool.group_meta(group_id), g.to_doc())
+            idx = self.pool.name_index(name_key("group", g.name))
+            if store.read_doc(idx) is None:
+                store.write_doc(idx, {"name": g.name, "group_id": group_id})
+            return g
+
     def list(self, max_entries: int = 0, token: str = ""):
         groups = sorted((Group.from_doc(d) for d in self.pool.list_docs("groups")),
                         key=lambda g: (g.created_at, g.group_id))

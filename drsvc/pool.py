@@ -1,16 +1,7 @@
 """The storage pool: a directory of sparse images and durable metadata.
 
-Layout (all names come from drsvc.ids, never from clients)::
-
-    pool.json                    schema, site, created
-    images/<volume_id>.img       volume images (replicas keep the same id)
-    volumes/<volume_id>.json     volume metadata
-    snapshots/<snapshot_id>.img  snapshot images (reflink copies)
-    snapshots/<snapshot_id>.json
-    names/<kind>-<sha256>.json   client name -> id index
-    node/<volume_id>.json        node stage/publish state
-    locks/<key>.lock             flock files (per volume, per name)
-    replication/                 owned by drsvc.replication
+Its paths are built by drsvc.layout.PoolLayout (``pool.layout``), the one
+object that joins paths into a pool; the methods below delegate to it.
 """
 from __future__ import annotations
 
@@ -23,67 +14,76 @@ from pathlib import Path
 from . import store
 from .errors import CorruptMetadata
 from .host import reflink
-from .ids import check_id
+from .layout import SUBDIRS, PoolLayout
 
 log = logging.getLogger(__name__)
-SUBDIRS = ("images", "volumes", "snapshots", "names", "node", "locks", "replication", "groups")
 
 
 class Pool:
     def __init__(self, root: Path, *, site: str = "local"):
         self.root = Path(root).resolve()
+        self.layout = PoolLayout(self.root)
         self.site = site
         self.reflink = False
 
-    def init(self) -> "Pool":
+    @classmethod
+    def existing(cls, root: Path) -> Pool:
+        """A pool opened by a process that does not own it (the replication receiver):
+        its site comes from pool.json, and no reflink probe runs."""
+        pool = cls(root, site="")
+        for d in SUBDIRS:
+            pool.layout.subdir(d).mkdir(parents=True, exist_ok=True)
+        pool.site = (store.read_doc(pool.layout.meta) or {}).get("site", "")
+        return pool
+
+    def init(self) -> Pool:
         self.root.mkdir(parents=True, exist_ok=True)
         for d in SUBDIRS:
-            (self.root / d).mkdir(exist_ok=True)
-        meta = self.root / "pool.json"
+            self.layout.subdir(d).mkdir(exist_ok=True)
+        meta = self.layout.meta
         doc = store.read_doc(meta)
         if doc is None:
             store.write_doc(meta, {"site": self.site, "created_at": time.time()})
-        self.reflink = reflink.supports_reflink(self.root / "images")
+        self.reflink = reflink.supports_reflink(self.layout.images)
         if not self.reflink:
             log.warning("pool %s is not on a reflink-capable filesystem: snapshots and clones "
                         "fall back to sparse copies and take time proportional to data", self.root)
         return self
 
-    # -- paths (ids validated before any path is built) --------------------
+    # -- paths: built by the pool's one layout object (drsvc.layout) --------
     def image(self, volume_id: str) -> Path:
-        return self.root / "images" / f"{check_id(volume_id)}.img"
+        return self.layout.image(volume_id)
 
     def volume_meta(self, volume_id: str) -> Path:
-        return self.root / "volumes" / f"{check_id(volume_id)}.json"
+        return self.layout.volume_meta(volume_id)
 
     def snapshot_image(self, snapshot_id: str) -> Path:
-        return self.root / "snapshots" / f"{check_id(snapshot_id, 'snapshot_id')}.img"
+        return self.layout.snapshot_image(snapshot_id)
 
     def snapshot_meta(self, snapshot_id: str) -> Path:
-        return self.root / "snapshots" / f"{check_id(snapshot_id, 'snapshot_id')}.json"
+        return self.layout.snapshot_meta(snapshot_id)
 
     def name_index(self, key: str) -> Path:
-        return self.root / "names" / f"{key}.json"
+        return self.layout.name_index(key)
 
     def node_state(self, volume_id: str) -> Path:
-        return self.root / "node" / f"{check_id(volume_id)}.json"
+        return self.layout.node_state(volume_id)
 
     def group_meta(self, group_id: str) -> Path:
-        return self.root / "groups" / f"{check_id(group_id, 'volume_group_id')}.json"
+        return self.layout.group_meta(group_id)
 
     def staging_image(self, final: Path) -> Path:
-        """A temp name next to *final*, owned by the operation that creates it."""
-        return final.with_name(f".{final.name}.partial")
+        return self.layout.staging_image(final)
 
     @contextlib.contextmanager
     def lock(self, key: str, *, blocking: bool = False):
         """A per-object lock across threads and processes; busy -> OperationInProgress."""
-        with store.file_lock(self.root / "locks" / f"{key}.lock", blocking=blocking, key=key):
+        with store.file_lock(self.layout.lock(key), blocking=blocking, key=key):
             yield
 
     def list_docs(self, subdir: str) -> list[dict]:
         docs = []
-        for path in sorted((self.root / subdir).glob("*.json")):
+        for path in sorted(self.layout.subdir(subdir).glob("*.json")):
             try:
                 doc = store.read_doc(path)
             except CorruptMetadata as e:

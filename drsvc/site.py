@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .config import SiteConfig
 from .dispatch import Dispatcher
-from .errors import PreconditionFailed
+from .errors import NotPrimary
 from .groups import GroupService
 from .node import NodeService
 from .pool import Pool
@@ -26,8 +26,8 @@ def check_writable(pool: Pool, volumes: VolumeService, volume_id: str, readonly:
     unit = (vol.group_id if vol and vol.group_id else volume_id)
     st = unit_state.find_state(pool.root, unit)
     if st is not None and st.role == "secondary":
-        raise PreconditionFailed(f"volume {volume_id} is a replication secondary on site {pool.site}: "
-                                 "it can be published read-only only; promote it to write")
+        raise NotPrimary(f"volume {volume_id} is a replication secondary on site {pool.site}: "
+                         "it can be published read-only only; promote it to write", unit_id=unit, role=st.role)
 
 
 @dataclass(frozen=True)

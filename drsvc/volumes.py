@@ -225,6 +225,31 @@ class VolumeService:
             store.remove(self.pool.volume_meta(volume_id))
             log.info("volume %s deleted", volume_id)
 
+    # -- replicas (called by the replication engine at the secondary) ---------
+    def ensure_replica(self, volume_id: str, *, name: str, capacity_bytes: int, fs_type: str = "",
+                       parameters: dict | None = None, group_id: str = "") -> Volume:
+        """The record of a volume replicated from the peer, under the origin's id and name.
+
+        Repeat-safe: creates it once, then follows the origin's size (it only
+        grows) and group membership."""
+        check_id(volume_id)
+        with self.pool.lock(volume_id, blocking=True):
+            vol = self.find_volume(volume_id)
+            if vol is None:
+                vol = Volume(volume_id=volume_id, name=name, capacity_bytes=capacity_bytes, fs_type=fs_type,
+                             parameters=dict(parameters or {}), group_id=group_id, created_at=time.time(),
+                             topology={TOPOLOGY_SITE: self.pool.site})
+                store.write_doc(self.pool.volume_meta(volume_id), vol.to_doc())
+                idx = self.pool.name_index(name_key("volume", name))
+                if store.read_doc(idx) is None:
+                    store.write_doc(idx, {"name": name, "volume_id": volume_id})
+                return vol
+            if vol.capacity_bytes < capacity_bytes or vol.group_id != group_id:
+                vol.capacity_bytes = max(vol.capacity_bytes, capacity_bytes)
+                vol.group_id = group_id
+                store.write_doc(self.pool.volume_meta(volume_id), vol.to_doc())
+            return vol
+
     # -- list / capacity / expand ---------------------------------------------
     def list_volumes(self, max_entries: int = 0, token: str = ""):
         vols = [Volume.from_doc(d) for d in self.pool.list_docs("volumes")]

@@ -8,7 +8,7 @@ from celery import Celery
 from celery.exceptions import TimeoutError as CeleryTimeout
 
 from drsvc.dispatch import raise_from_dict
-from drsvc.errors import InternalError, OperationInProgress, Unavailable
+from drsvc.errors import BrokerUnreachable, OperationInProgress, WorkerFailed
 
 from . import inflight
 
@@ -41,10 +41,10 @@ class CeleryDispatcher:
                 raise OperationInProgress(f"{op} of {unit_id} is in progress (task {held['task_id']}); "
                                           "retry to follow it") from None
         except redis.RedisError as e:
-            raise Unavailable(f"this site's Redis is unreachable: {type(e).__name__}") from None
+            raise BrokerUnreachable(reason=type(e).__name__) from None
         if isinstance(value, dict):
             return raise_from_dict(value)
         if result.state == "FAILURE":
             # tasks report errors as dicts; an exception here is a worker-side bug: say so
-            raise InternalError(f"{op} of {unit_id} failed in the worker: {value!r}")
+            raise WorkerFailed(op=op, unit_id=unit_id, reason=repr(value))
         raise OperationInProgress(f"{op} of {unit_id} is {result.state}; retry to follow it")

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from ..config import SiteConfig
 from ..dispatch import Dispatcher
-from ..errors import DrsvcError, OperationInProgress, PreconditionFailed, ReplicaIsPrimary, StaleEpoch
+from ..errors import (DrsvcError, NeedsResync, NotPrimary, NotSecondary, OperationInProgress, PeerNotDemoted,
+                      PeerNotRecorded, SplitBrain)
 from ..transport import Peer
 from . import state as unit_state
 from .control import (Control, control_from_origin, control_lock, find_control, remove_control, save_control,
@@ -63,8 +64,8 @@ class ReplicationJobs:
                    start_time: float | None = None, bandwidth_limit: int = 0) -> dict:
         st = unit_state.find_state(self.pool, unit_id)
         if st is not None and st.role != "primary":
-            raise PreconditionFailed(f"{unit_id} is a secondary on site {self.cfg.site}; "
-                                     "enable replication where the volume is primary")
+            raise NotPrimary(f"{unit_id} is a secondary on site {self.cfg.site}; "
+                             "enable replication where the volume is primary", unit_id=unit_id, role=st.role)
         unit_state.ensure_unit(self.pool, unit_id, members, kind=kind, role="primary", peer=peer)
         with control_lock(self.pool, unit_id):
             c = find_control(self.pool, unit_id) or Control(unit_id=unit_id, kind=kind, members=members,
@@ -98,7 +99,7 @@ class ReplicationJobs:
                                bwlimit=c.bandwidth_limit or None, origin=self._origin(c))
         except OperationInProgress:
             raise
-        except (ReplicaIsPrimary, StaleEpoch) as e:
+        except SplitBrain as e:
             conflict = (f"split brain: peer {c.peer} is primary too and refuses our deltas ({e.message}); "
                         "demote this site and resync it from the peer")
             self._record_failure(c.unit_id, t0, e.message, conflict=conflict)
@@ -157,15 +158,15 @@ class ReplicationJobs:
             return {"role": "primary", "epoch": st.epoch}
         if not force:
             if st.peer_demoted_at is None or st.peer_demoted_at != st.generation:
-                raise PreconditionFailed(
+                raise PeerNotDemoted(
                     f"the peer has not demoted {unit_id} at this site's generation {st.generation}"
                     + (f" (it demoted at {st.peer_demoted_at})" if st.peer_demoted_at is not None else "")
-                    + "; demote it first, or promote with force")
+                    + "; demote it first, or promote with force", unit_id=unit_id, generation=st.generation)
             if st.diverged or st.resync_requested:
-                raise PreconditionFailed(f"{unit_id} needs a resync before it can be promoted")
+                raise NeedsResync(unit_id=unit_id)
         c = find_control(self.pool, unit_id) or control_from_origin(st)
         if c is None:
-            raise PreconditionFailed(f"{unit_id} has no record of its peer; cannot become primary")
+            raise PeerNotRecorded(unit_id=unit_id)
         # the received images become the acked base, so the next sync ships only changes
         seed_base(self.pool, unit_id)
         st = unit_state.promote(self.pool, unit_id)
@@ -179,7 +180,7 @@ class ReplicationJobs:
     def run_resync(self, unit_id: str, *, force: bool = False) -> dict:
         st = unit_state.get_state(self.pool, unit_id)
         if st.role != "secondary":
-            raise PreconditionFailed(f"{unit_id} is not demoted; only a secondary resyncs")
+            raise NotSecondary(kind="unit", unit_id=unit_id)
         if not (st.diverged or st.resync_requested):
             return {"ready": True}
         unit_state.request_resync(self.pool, unit_id)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..config import PeerConfig, SiteConfig
-from ..errors import InvalidInput
+from ..errors import ConfigInvalid
 from ..transport import Peer
 
 
@@ -32,7 +32,7 @@ def connect(p: PeerConfig) -> Peer:
     """A new, unconnected Peer for *p* (transports connect on first use)."""
     build = TRANSPORTS.get(p.transport)
     if build is None:
-        raise InvalidInput(f"peer {p.name}: unknown transport {p.transport!r}; known: {sorted(TRANSPORTS)}")
+        raise ConfigInvalid(where=f"peer {p.name}", reason=f"unknown transport {p.transport!r}; known: {sorted(TRANSPORTS)}")
     return build(p)
 
 

@@ -25,7 +25,8 @@ from .. import store
 from ..errors import (BaseMismatch, DrsvcError, InvalidParameter, OperationInProgress,
                       ProtocolError, ReplicaIsPrimary, ReplicationConflict, StaleEpoch,
                       StreamCorrupt, UnitNotFound, UnknownVerb)
-from . import protocol, replica_meta
+from . import origin as unit_origin
+from . import protocol
 from .faults import failpoint
 from .journal import Journal
 from .layout import PoolLayout, check_id
@@ -110,7 +111,7 @@ def record_generation(layout: PoolLayout, tx: dict) -> UnitState:
         st.diverged = st.resync_requested = False
     if tx.get("origin"):
         st.origin = tx["origin"]
-        replica_meta.ensure_replica_metadata(layout.root, tx["unit"], tx["kind"], tx["origin"])
+        unit_origin.ensure_replicas(layout.root, tx["unit"], tx["kind"], tx["origin"])
     save_state(layout.root, st)
     return st
 
@@ -177,7 +178,7 @@ def parse_tx(msg: dict) -> dict:
               "block_size": int(msg["block_size"]), "mode": msg.get("mode", "delta"),
               "force": bool(msg.get("force")), "demote": bool(msg.get("demote")),
               "peer": str(msg.get("peer") or "") or None, "members": members,
-              "origin": replica_meta.parse_origin(msg.get("origin"))}
+              "origin": unit_origin.parse_origin(msg.get("origin"))}
     except (KeyError, TypeError, ValueError) as e:
         raise ProtocolError(reason=f"bad begin message: {e!r}") from None
     if not members or len(members) > 0xFFFF or len({m["volume_id"] for m in members}) != len(members):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from .. import store
 from ..config import SiteConfig
 from ..dispatch import Dispatcher
-from ..errors import InvalidInput, InvalidParameter, PreconditionFailed
+from ..errors import GroupEmpty, InvalidParameter, NotSecondary, VolumeInGroup, VolumeInUse
 from ..ids import check_name
 from ..model import MOUNT, Capability, ContentSource
 from ..schedule import parse_interval, parse_start_time
@@ -50,10 +50,9 @@ class ReplicationRequests:
         if unit.kind == "volume":
             vol = self.volumes.get_volume(unit.unit_id)
             if vol.group_id:
-                raise InvalidInput(f"volume {unit.unit_id} belongs to volume group {vol.group_id}: "
-                                   "replicate the group")
+                raise VolumeInGroup(volume_id=unit.unit_id, group_id=vol.group_id)
         elif not unit.members:
-            raise PreconditionFailed(f"volume group {unit.unit_id} has no volumes")
+            raise GroupEmpty(group_id=unit.unit_id)
         c = find_control(self.pool, unit.unit_id)
         if c is not None and (c.peer, c.interval) == (peer, interval):
             return                                   # idempotent: already enabled alike
@@ -79,15 +78,15 @@ class ReplicationRequests:
             targets = node_state.targets if node_state else {}
             writers = [t for t, o in targets.items() if not o.get("readonly")]
             if writers:
-                raise PreconditionFailed(f"volume {vid} is published read-write at {writers[0]}; "
-                                         "stop its writers and unpublish it before demoting")
+                raise VolumeInUse(f"volume {vid} is published read-write at {writers[0]}; "
+                                  "stop its writers and unpublish it before demoting", volume_id=vid)
         self._run("demote", unit, force=force)
 
     def resync(self, unit: Unit, *, force: bool) -> bool:
         self.status.require_enabled(unit)
         st = unit_state.find_state(self.pool, unit.unit_id)
         if st is None or st.role != "secondary":
-            raise PreconditionFailed(f"{unit.kind} {unit.unit_id} is not demoted; only a secondary resyncs")
+            raise NotSecondary(kind=unit.kind, unit_id=unit.unit_id)
         if not (st.diverged or st.resync_requested):
             return True                       # consistent with the primary's last generation
         if st.resync_requested:

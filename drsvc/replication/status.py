@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import NotFound, PreconditionFailed
+from ..errors import NotEnabled, NotPrimary, UnitNotFound
 from ..ids import check_id
 from ..schedule import assess
 from . import state as unit_state
@@ -88,7 +88,7 @@ class ReplicationStatus:
 
     def require_enabled(self, unit: Unit) -> Control | None:
         if not self.is_enabled(unit.unit_id):
-            raise PreconditionFailed(f"replication is not enabled for {unit.kind} {unit.unit_id}")
+            raise NotEnabled(kind=unit.kind, unit_id=unit.unit_id)
         return find_control(self.pool, unit.unit_id)
 
     def info(self, unit: Unit) -> Info:
@@ -96,7 +96,8 @@ class ReplicationStatus:
         self.require_enabled(unit)
         st = unit_state.find_state(self.pool, unit.unit_id)
         if st is None or st.role != "primary":
-            raise PreconditionFailed(f"{unit.kind} {unit.unit_id} is not primary on site {self.site_id}")
+            raise NotPrimary(f"{unit.kind} {unit.unit_id} is not primary on site {self.site_id}",
+                             unit_id=unit.unit_id, role=st.role if st else "")
         return self.describe(unit.unit_id)
 
     def describe(self, unit_id: str) -> Info:
@@ -104,7 +105,7 @@ class ReplicationStatus:
         st = unit_state.find_state(self.pool, unit_id)
         c = find_control(self.pool, unit_id) or (control_from_origin(st) if st else None)
         if c is None:
-            raise NotFound(f"replication is not enabled for {unit_id}")
+            raise UnitNotFound(f"replication is not enabled for {unit_id}", unit_id=unit_id)
         role = st.role if st else "primary"
         if role == "primary":
             h = assess(now=time.time(), interval=c.interval, enabled_at=c.enabled_at,

@@ -53,7 +53,7 @@ def verify_unit(pool, unit_id: str, peer, *, block_size: int | None = None) -> V
         try:
             maps = fetch_maps(peer, unit_id, st.members, bs, tmp)
             for vol in st.members:
-                fd = os.open(snap / f"{vol}.img", os.O_RDONLY)
+                fd = os.open(PoolLayout.member_image(snap, vol), os.O_RDONLY)
                 try:
                     size = os.fstat(fd).st_size
                     with BlockMap.create(os.path.join(tmp, f"{vol}.local.map"), bs, size) as local:

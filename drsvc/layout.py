@@ -1,0 +1,152 @@
+"""The one object that builds paths into a pool. Nothing else joins pool paths.
+
+Every component comes from a validated id (drsvc.ids), never from a client's
+name, so no path escapes the pool::
+
+    pool.json                                   schema, site, created
+    images/<volume_id>.img                      volume images (replicas keep the same id)
+    volumes/<volume_id>.json                    volume metadata
+    snapshots/<snapshot_id>.img|.json           snapshot images (reflink copies) and metadata
+    names/<kind>-<sha256>.json                  client name -> id index
+    node/<volume_id>.json                       node stage/publish state
+    groups/<group_id>.json                      volume groups
+    locks/<key>.lock                            flock files (per volume, per name)
+    replication/<unit_id>/state.json            UnitState (drsvc.replication.state)
+    replication/<unit_id>/control.json          this site's settings and outcomes (replication.control)
+    replication/<unit_id>/snap/<gen>/           sender: reflink snapshots + block maps
+    replication/<unit_id>/journal/              receiver: the open transaction
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import ids
+from .errors import InvalidName
+
+SUBDIRS = ("images", "volumes", "snapshots", "names", "node", "locks", "replication", "groups")
+
+
+def check_id(value, what: str = "unit id") -> str:
+    """Return *value* when it is a safe single path component, else raise InvalidName."""
+    if not isinstance(value, str):
+        raise InvalidName(what=what, value=value, reason="must be a string")
+    return ids.check_id(value, what)
+
+
+class PoolLayout:
+    def __init__(self, root):
+        self.root = Path(root)
+
+    # -- the pool's own records -------------------------------------------------------
+    @property
+    def meta(self) -> Path:
+        return self.root / "pool.json"
+
+    def subdir(self, name: str) -> Path:
+        if name not in SUBDIRS:
+            raise ValueError(f"{name!r} is not a pool directory")
+        return self.root / name
+
+    @property
+    def images(self) -> Path:
+        return self.root / "images"
+
+    def image(self, volume_id: str) -> Path:
+        return self.images / f"{check_id(volume_id, 'volume_id')}.img"
+
+    def volume_meta(self, volume_id: str) -> Path:
+        return self.root / "volumes" / f"{check_id(volume_id, 'volume_id')}.json"
+
+    def snapshot_image(self, snapshot_id: str) -> Path:
+        return self.root / "snapshots" / f"{check_id(snapshot_id, 'snapshot_id')}.img"
+
+    def snapshot_meta(self, snapshot_id: str) -> Path:
+        return self.root / "snapshots" / f"{check_id(snapshot_id, 'snapshot_id')}.json"
+
+    def name_index(self, key: str) -> Path:
+        return self.root / "names" / f"{key}.json"
+
+    def node_state(self, volume_id: str) -> Path:
+        return self.root / "node" / f"{check_id(volume_id, 'volume_id')}.json"
+
+    def group_meta(self, group_id: str) -> Path:
+        return self.root / "groups" / f"{check_id(group_id, 'volume_group_id')}.json"
+
+    def lock(self, key: str) -> Path:
+        return self.root / "locks" / f"{key}.lock"
+
+    @staticmethod
+    def staging_image(final: Path) -> Path:
+        """A temp name next to *final*, owned by the operation that creates it."""
+        return final.with_name(f".{final.name}.partial")
+
+    # -- replication units ------------------------------------------------------------
+    @property
+    def replication(self) -> Path:
+        return self.root / "replication"
+
+    def unit_dir(self, unit_id: str) -> Path:
+        return self.replication / check_id(unit_id)
+
+    def state_path(self, unit_id: str) -> Path:
+        return self.unit_dir(unit_id) / "state.json"
+
+    def control_path(self, unit_id: str) -> Path:
+        return self.unit_dir(unit_id) / "control.json"
+
+    def control_lock_path(self, unit_id: str) -> Path:
+        return self.unit_dir(unit_id) / ".control.lock"
+
+    def lock_path(self, unit_id: str) -> Path:
+        return self.unit_dir(unit_id) / ".lock"
+
+    def snap_root(self, unit_id: str) -> Path:
+        return self.unit_dir(unit_id) / "snap"
+
+    def snap_dir(self, unit_id: str, generation: int) -> Path:
+        return self.snap_root(unit_id) / str(int(generation))
+
+    def journal_dir(self, unit_id: str) -> Path:
+        return self.unit_dir(unit_id) / "journal"
+
+    def ensure_unit_dir(self, unit_id: str) -> Path:
+        d = self.unit_dir(unit_id)
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def snap_tmp(self, unit_id: str, txid: str, what: str = "") -> Path:
+        """A sender's work directory for one transaction, swept when abandoned."""
+        return self.snap_root(unit_id) / f"tmp-{what + '-' if what else ''}{check_id(txid, 'txid')}"
+
+    # -- files inside a snapshot directory (snap/<gen>/ or a tmp- dir: sender) --------
+    @staticmethod
+    def member_image(snap: Path, volume_id: str) -> Path:
+        return snap / f"{check_id(volume_id, 'volume_id')}.img"
+
+    @staticmethod
+    def member_map(snap: Path, volume_id: str, *, peer: bool = False) -> Path:
+        return snap / f"{check_id(volume_id, 'volume_id')}{'.peer' if peer else ''}.map"
+
+    @staticmethod
+    def snap_meta(snap: Path) -> Path:
+        return snap / "meta.json"
+
+    @staticmethod
+    def snap_plan(snap: Path) -> Path:
+        return snap / "plan.bin"
+
+    # -- files inside a unit's journal (receiver) ---------------------------------------
+    def journal_tx(self, unit_id: str) -> Path:
+        return self.journal_dir(unit_id) / "tx.json"
+
+    def journal_records(self, unit_id: str) -> Path:
+        return self.journal_dir(unit_id) / "records.bin"
+
+    def journal_commit(self, unit_id: str) -> Path:
+        return self.journal_dir(unit_id) / "commit.json"
+
+    def journal_staging_dir(self, unit_id: str) -> Path:
+        return self.journal_dir(unit_id) / "staging"
+
+    def journal_staging(self, unit_id: str, volume_id: str) -> Path:
+        return self.journal_staging_dir(unit_id) / f"{check_id(volume_id, 'volume_id')}.img"
