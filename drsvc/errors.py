@@ -116,6 +116,11 @@ class VolumeInUse(PreconditionFailed):
     template = "volume {volume_id!r} is in use: {reason}"
 
 
+class VolumeAttached(VolumeInUse):
+    """The image is attached read-write on this node: nothing may rewrite it underneath."""
+    template = "volume {volume_id!r} is attached read-write on this node ({reason})"
+
+
 class PoolFull(ResourceExhausted):
     template = "pool has {free} bytes free, {needed} needed"
 

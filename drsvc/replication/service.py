@@ -188,13 +188,8 @@ class ReplicationService:
 
     def demote(self, unit: Unit, *, force: bool) -> None:
         self._enabled(unit)
-        for vid in unit.members:
-            node_state = self.site.node.find_state(vid)
-            targets = node_state.targets if node_state else {}
-            writers = [t for t, o in targets.items() if not o.get("readonly")]
-            if writers:
-                raise PreconditionFailed(f"volume {vid} is published read-write at {writers[0]}; "
-                                         "stop its writers and unpublish it before demoting")
+        for vid in unit.members:            # staged or published: the peer must not write under it
+            self.site.node.ensure_not_attached_read_write(vid)
         self._run("demote", unit, force=force)
 
     def resync(self, unit: Unit, *, force: bool) -> bool:
@@ -202,11 +197,7 @@ class ReplicationService:
         st = unit_state.find_state(self.pool, unit.unit_id)
         if st is None or st.role != "secondary":
             raise PreconditionFailed(f"{unit.kind} {unit.unit_id} is not demoted; only a secondary resyncs")
-        if not (st.diverged or st.resync_requested):
-            return True                       # consistent with the primary's last generation
-        if st.resync_requested:
-            return False                      # waiting for the primary's compare sync
-        return bool(self._run("resync", unit, force=force).get("ready"))
+        return bool(self._run("resync", unit, force=force).get("ready"))   # judged by content
 
     def info(self, unit: Unit) -> Info:
         self._enabled(unit)
@@ -459,10 +450,11 @@ class ReplicationService:
         st = unit_state.get_state(self.pool, unit_id)
         if st.role != "secondary":
             raise PreconditionFailed(f"{unit_id} is not demoted; only a secondary resyncs")
-        if not (st.diverged or st.resync_requested):
-            return {"ready": True}
-        unit_state.request_resync(self.pool, unit_id)
-        return {"ready": False}
+        from .content import resync_step
+        c = find_control(self.pool, unit_id) or self._control_from_origin(st)
+        if c is None:
+            return {"ready": False, "reason": "no record of the primary's site"}
+        return resync_step(self.pool, unit_id, force=force, open_peer=lambda: self._peer(c.peer))
 
     def run_disable(self, unit_id: str) -> dict:
         from .remote import release_peer
