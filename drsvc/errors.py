@@ -121,6 +121,17 @@ class VolumeAttached(VolumeInUse):
     template = "volume {volume_id!r} is attached read-write on this node ({reason})"
 
 
+class GroupIsReplica(PreconditionFailed):
+    """A group received from the peer: its members follow the primary's."""
+    template = ("volume group {group_id!r} is a replication secondary on this site: its members follow "
+                "the primary's; change them there")
+
+
+class NoSyncYet(NotFound):
+    """GetVolumeReplicationInfo before the first sync: last_sync_time is REQUIRED."""
+    template = "{unit_id!r} has no completed sync yet; replication details are not available"
+
+
 class PoolFull(ResourceExhausted):
     template = "pool has {free} bytes free, {needed} needed"
 

@@ -25,12 +25,13 @@ class Site:
 
     @classmethod
     def open(cls, pool_dir: Path, *, node_id: str, site_id: str = "local",
-             config: SiteConfig | None = None) -> "Site":
+             config: SiteConfig | None = None) -> Site:
         pool = Pool(pool_dir, site=site_id).init()
         volumes = VolumeService(pool, node_id)
         node = NodeService(pool, volumes, node_id)
         site = cls(pool, volumes, node, None, node_id, config)
-        site.groups = GroupService(pool, volumes, in_use=node.in_use, replicated=site.is_replicated)
+        site.groups = GroupService(pool, volumes, in_use=node.in_use, replicated=site.is_replicated,
+                                   replica_of=site.is_secondary)
         node.publish_policy = site.check_writable
         return site
 
@@ -46,8 +47,12 @@ class Site:
                                      "it can be published read-only only; promote it to write")
 
     @classmethod
-    def from_config(cls, cfg: SiteConfig) -> "Site":
+    def from_config(cls, cfg: SiteConfig) -> Site:
         return cls.open(cfg.pool, node_id=cfg.node_id, site_id=cfg.site, config=cfg)
+
+    def is_secondary(self, unit_id: str) -> bool:
+        st = unit_state.find_state(self.pool.root, unit_id)
+        return st is not None and st.role == "secondary"
 
     def is_replicated(self, unit_id: str) -> bool:
         return self.replication is not None and self.replication.is_enabled(unit_id)

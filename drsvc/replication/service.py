@@ -18,12 +18,13 @@ from pathlib import Path
 from .. import store
 from ..config import SiteConfig
 from ..dispatch import Dispatcher
-from ..errors import (DrsvcError, InvalidInput, InvalidParameter, NotFound,
+from ..errors import (DrsvcError, InvalidInput, InvalidParameter, NoSyncYet, NotFound,
                       OperationInProgress, PreconditionFailed, ReplicaIsPrimary,
                       StaleEpoch)
 from ..ids import check_id
 from ..schedule import assess, parse_interval, parse_start_time
 from . import state as unit_state
+from .enablement import check_group_has_members, replicated_as_secondary, resolve_peer
 from .layout import PoolLayout
 
 log = logging.getLogger(__name__)
@@ -155,7 +156,7 @@ class ReplicationService:
         unknown = sorted(k for k in params if k not in KNOWN_PARAMETERS and not k.startswith(CO_PREFIXES))
         if unknown:
             raise InvalidParameter(key=unknown[0], reason=f"unknown parameter; known: {sorted(KNOWN_PARAMETERS)}")
-        peer = self.cfg.peer(params.get("peer", "")).name
+        peer = resolve_peer(self.cfg, params.get("peer", ""))
         interval = parse_interval(params.get("schedulingInterval", f"{DEFAULT_INTERVAL}s"))
         start = parse_start_time(params.get("schedulingStartTime", ""))
         bw = params.get("bandwidthLimit", "0")
@@ -166,8 +167,9 @@ class ReplicationService:
             if vol.group_id:
                 raise InvalidInput(f"volume {unit.unit_id} belongs to volume group {vol.group_id}: "
                                    "replicate the group")
-        elif not unit.members:
-            raise PreconditionFailed(f"volume group {unit.unit_id} has no volumes")
+        check_group_has_members(unit)
+        if replicated_as_secondary(self.pool, unit.unit_id):
+            return                                   # the replica's site: enabled already (item 1)
         c = find_control(self.pool, unit.unit_id)
         if c is not None and (c.peer, c.interval) == (peer, interval):
             return                                   # idempotent: already enabled alike
@@ -204,7 +206,10 @@ class ReplicationService:
         st = unit_state.find_state(self.pool, unit.unit_id)
         if st is None or st.role != "primary":
             raise PreconditionFailed(f"{unit.kind} {unit.unit_id} is not primary on site {self.cfg.site}")
-        return self.describe(unit.unit_id)
+        info = self.describe(unit.unit_id)
+        if not info.last_sync_time:
+            raise NoSyncYet(unit_id=unit.unit_id)          # the seed's NOT_FOUND, until there is one
+        return info
 
     def describe(self, unit_id: str) -> Info:
         """Status for operators, on either role (the CLI and /metrics use it)."""
@@ -331,8 +336,7 @@ class ReplicationService:
                    start_time: float | None = None, bandwidth_limit: int = 0) -> dict:
         st = unit_state.find_state(self.pool, unit_id)
         if st is not None and st.role != "primary":
-            raise PreconditionFailed(f"{unit_id} is a secondary on site {self.cfg.site}; "
-                                     "enable replication where the volume is primary")
+            return {"role": st.role}                 # replication exists here as a replica
         unit_state.ensure_unit(self.pool, unit_id, members, kind=kind, role="primary", peer=peer)
         layout = PoolLayout(self.pool)
         layout.ensure_unit_dir(unit_id)
