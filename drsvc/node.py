@@ -158,6 +158,10 @@ class NodeService:
                     if cap.access_mode in READONLY_MODES:
                         opts.append("ro")
                     mounts.mount(device, staging_path, fstype=st.fs_type, options=opts)
+                    if cap.access_mode not in READONLY_MODES and st.fs_type == "xfs":
+                        # xfs grows only mounted: a restore or clone larger than its source
+                        # presents the requested size from the first publish (a no-op otherwise)
+                        filesystems.grow(device, "xfs", staging_path)
             log.info("volume %s staged at %s on %s", volume_id, staging_path, device)
 
     def _ensure_filesystem(self, device: str, wanted: str) -> str:
@@ -268,6 +272,8 @@ class NodeService:
         rdev = os.stat(st.device).st_rdev
         devno = f"{os.major(rdev)}:{os.minor(rdev)}"
         if st.access_type == BLOCK:
+            if path == st.staging_path:
+                return True         # staged: the device that backs the image (checked by the caller)
             if not any(m.target == path for m in mounts.mounts()):
                 return False
             there = os.stat(path).st_rdev
