@@ -10,7 +10,7 @@ from .replication import state as unit_state
 from .groups import GroupService
 from .node import NodeService
 from .pool import Pool
-from .volumes import VolumeService
+from .volumes import VolumeService, pair_zone
 
 
 @dataclass
@@ -27,7 +27,8 @@ class Site:
     def open(cls, pool_dir: Path, *, node_id: str, site_id: str = "local",
              config: SiteConfig | None = None) -> Site:
         pool = Pool(pool_dir, site=site_id).init()
-        volumes = VolumeService(pool, node_id)
+        volumes = VolumeService(pool, node_id, zone=pair_zone(site_id, config.peers, config.zone)
+                                if config is not None else None)
         node = NodeService(pool, volumes, node_id)
         site = cls(pool, volumes, node, None, node_id, config)
         site.groups = GroupService(pool, volumes, in_use=node.in_use, replicated=site.is_replicated,
