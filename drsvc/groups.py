@@ -93,6 +93,11 @@ class GroupService:
                 if members and sorted(members) != sorted(g.volume_ids):
                     raise Conflict(f"volume group {name!r} exists with different volumes")
                 return g
+            if (same := self._group_of_exactly(members)) is not None:
+                # the replica of a group at the peer site (or a group made under another name):
+                # the VolumeGroupReplicationContent at a failover site names the same volumes
+                store.write_doc(self.pool.name_index(key), {"name": name, "group_id": same.group_id})
+                return same
             g = Group(group_id=new_id("grp"), name=name, parameters=params, max_volumes=limit,
                       created_at=time.time())
             store.write_doc(self.pool.group_meta(g.group_id), g.to_doc())
@@ -104,6 +109,16 @@ class GroupService:
                 self._forget(g)                  # no half-made group: a retry starts clean
                 raise
         return g
+
+    def _group_of_exactly(self, members: list[str]) -> Group | None:
+        """The group whose members are exactly *members*, if they all belong to one."""
+        if not members:
+            return None
+        owners = {(v.group_id if (v := self.volumes.find_volume(vid)) else "") for vid in members}
+        if len(owners) != 1 or not (owner := owners.pop()):
+            return None
+        g = self.find(owner)
+        return g if g is not None and sorted(g.volume_ids) == sorted(members) else None
 
     def _forget(self, g: Group) -> None:
         for vid in g.volume_ids:

@@ -5,8 +5,9 @@ made to the image afterwards (a stale filesystem flushed at unstage, say). So
 before a secondary says it is consistent (ResyncVolume ready=true), it hashes
 its own images and compares them, block for block, with the primary's acked
 snapshot of the same generation. The primary serves those hashes through one
-receiver verb, ``snaphashes UNIT GENERATION``; the snapshot, not the live
-image, because the application keeps writing there.
+receiver verb, ``snaphashes UNIT GENERATION``: the snapshot, not the live
+image, because the application keeps writing there; or, while the peer is a
+secondary too (between a planned demote and the promote), its replica image.
 """
 from __future__ import annotations
 
@@ -37,13 +38,22 @@ def verb_snapshot_hashes(layout: PoolLayout, reader, out, args) -> None:
     layout.ensure_unit_dir(unit_id)
     # not waited for: the sync that holds it may itself be waiting on the asker's lock
     with store.file_lock(layout.lock_path(unit_id), blocking=False, key=unit_id):
+        if find_state(layout.root, unit_id) is not None and get_state(layout.root, unit_id).role != "primary":
+            from .receiver import recover
+            recover(layout, unit_id)             # a committed journal is applied first
         st = get_state(layout.root, unit_id)
-        snap = layout.snap_dir(unit_id, generation)
-        if st.generation != generation or not (snap / "meta.json").exists():
-            raise ReplicationConflict(unit_id=unit_id, reason=f"generation {generation} is not this site's "
-                                                              f"acked snapshot (it holds {st.generation})")
+        if st.role == "primary":                 # the acked snapshot, not the live image
+            snap = layout.snap_dir(unit_id, generation)
+            path_of = lambda vol: snap / f"{check_id(vol, 'volume id')}.img"   # noqa: E731
+            held = (snap / "meta.json").exists()
+        else:                                    # both secondary (a planned relocate): the replica
+            path_of = layout.image
+            held = not st.diverged and not st.resync_requested
+        if st.generation != generation or not held:
+            raise ReplicationConflict(unit_id=unit_id, reason=f"generation {generation} is not held here as "
+                                                              f"acked (this site is at {st.generation})")
         for vol in st.members:
-            fd = os.open(snap / f"{check_id(vol, 'volume id')}.img", os.O_RDONLY)
+            fd = os.open(path_of(vol), os.O_RDONLY)
             try:
                 size = os.fstat(fd).st_size
                 out.control({"type": "map", "volume_id": vol, "exists": True, "size": size,

@@ -190,8 +190,9 @@ class ReplicationService:
 
     def demote(self, unit: Unit, *, force: bool) -> None:
         self._enabled(unit)
-        for vid in unit.members:            # staged or published: the peer must not write under it
-            self.site.node.ensure_not_attached_read_write(vid)
+        st = unit_state.find_state(self.pool, unit.unit_id)
+        for vid in unit.members if st is None or st.role == "primary" else ():
+            self.site.node.ensure_not_attached_read_write(vid)   # staged or published: refuse
         self._run("demote", unit, force=force)
 
     def resync(self, unit: Unit, *, force: bool) -> bool:
