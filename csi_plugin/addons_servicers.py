@@ -142,13 +142,14 @@ def source_of(req) -> tuple[str, str]:
 
 
 class ReplicationController(replication_pb2_grpc.ControllerServicer):
-    def __init__(self, site, replication):
+    def __init__(self, site, replication, status):
         self.site = site
-        self.replication = replication
+        self.replication = replication    # drsvc.replication.requests
+        self.status = status              # drsvc.replication.status
 
     def _unit(self, req):
         self.site.check_secrets(dict(req.secrets))
-        return self.replication.resolve(*source_of(req))
+        return self.status.resolve(*source_of(req))
 
     @rpc
     @seed_codes
@@ -183,7 +184,7 @@ class ReplicationController(replication_pb2_grpc.ControllerServicer):
     @rpc
     @seed_codes
     def GetVolumeReplicationInfo(self, req, context):
-        info = self.replication.info(self._unit(req))
+        info = self.status.info(self._unit(req))
         R = replication_pb2.GetVolumeReplicationInfoResponse
         resp = R(last_sync_bytes=info.last_sync_bytes, status=R.Status.Value(info.status),
                  status_message=info.status_message)

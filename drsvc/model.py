@@ -41,7 +41,7 @@ class Volume:
         return asdict(self)
 
     @classmethod
-    def from_doc(cls, doc: dict) -> "Volume":
+    def from_doc(cls, doc: dict) -> Volume:
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in doc.items() if k in known})
 
@@ -60,7 +60,7 @@ class Snapshot:
         return asdict(self)
 
     @classmethod
-    def from_doc(cls, doc: dict) -> "Snapshot":
+    def from_doc(cls, doc: dict) -> Snapshot:
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in doc.items() if k in known})
 
@@ -79,7 +79,7 @@ class NodeState:
         return asdict(self)
 
     @classmethod
-    def from_doc(cls, doc: dict) -> "NodeState":
+    def from_doc(cls, doc: dict) -> NodeState:
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in doc.items() if k in known})
 
