@@ -100,6 +100,10 @@ def test_vgr_create_enable_modify(lab):
     A, B = lab.clients["a"], lab.clients["b"]
     sa = lab.sites["a"]
     vols = [A.create_volume(f"vgr{i}", 32 << 20).volume_id for i in range(3)]
+    # Enable answers only its seed codes: an empty group is INVALID_ARGUMENT, not FAILED_PRECONDITION
+    empty = _vgr_group(A, "vgrcontent-empty", [])
+    code, _ = status_of(lambda: A.call("EnableVolumeReplication", group_id=empty, parameters=GROUP_CLASS))
+    assert code == Code.INVALID_ARGUMENT
     gid = _vgr_group(A, "vgrcontent-1", vols[:2])
     for v in vols:
         write_random(sa, v, count=4, seed=len(v))
