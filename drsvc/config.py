@@ -62,6 +62,7 @@ class SiteConfig:
     path: Path | None = None
     # a task whose worker died is redelivered after this long (acks_late)
     visibility_timeout: int = 300
+    zone: str = ""          # topology.drsvc.io/zone, the same at both sites (default: "a-b")
 
     @property
     def queue(self) -> str:
@@ -135,7 +136,8 @@ def parse(doc: dict, path: Path | None = None) -> SiteConfig:
                       endpoint=doc.get("endpoint", ""), redis_url=doc.get("redis_url", "redis://127.0.0.1:6379/0"),
                       peers=peers, metrics_port=int(doc.get("metrics_port", 0)),
                       secrets_file=rel(doc["secrets_file"]) if doc.get("secrets_file") else None, path=path,
-                      visibility_timeout=int(doc.get("visibility_timeout", 300)))
+                      visibility_timeout=int(doc.get("visibility_timeout", 300)),
+                      zone=check_id(doc["zone"], "zone") if doc.get("zone") else "")
 
 
 def load(path: Path) -> SiteConfig:

@@ -116,6 +116,22 @@ class VolumeInUse(PreconditionFailed):
     template = "volume {volume_id!r} is in use: {reason}"
 
 
+class VolumeAttached(VolumeInUse):
+    """The image is attached read-write on this node: nothing may rewrite it underneath."""
+    template = "volume {volume_id!r} is attached read-write on this node ({reason})"
+
+
+class GroupIsReplica(PreconditionFailed):
+    """A group received from the peer: its members follow the primary's."""
+    template = ("volume group {group_id!r} is a replication secondary on this site: its members follow "
+                "the primary's; change them there")
+
+
+class NoSyncYet(NotFound):
+    """GetVolumeReplicationInfo before the first sync: last_sync_time is REQUIRED."""
+    template = "{unit_id!r} has no completed sync yet; replication details are not available"
+
+
 class PoolFull(ResourceExhausted):
     template = "pool has {free} bytes free, {needed} needed"
 
@@ -224,8 +240,8 @@ class PeerNotRecorded(PreconditionFailed):
     template = "{unit_id} has no record of its peer; cannot become primary"
 
 
-class GroupEmpty(PreconditionFailed):
-    template = "volume group {group_id} has no volumes"
+class GroupEmpty(InvalidInput):
+    template = "volume group {group_id} has no volumes; add some before enabling replication"
 
 
 class VolumeInGroup(InvalidInput):

@@ -10,7 +10,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from . import store
-from .errors import (Conflict, GroupNotFound, InvalidInput, InvalidParameter, PreconditionFailed,
+from .errors import (Conflict, GroupIsReplica, GroupNotFound, InvalidInput, InvalidParameter, PreconditionFailed,
                      ResourceExhausted, VolumeNotFound)
 from .ids import check_id, check_map, check_name, name_key, new_id
 from .paging import paginate
@@ -20,6 +20,9 @@ from .volumes import VolumeService
 log = logging.getLogger(__name__)
 DEFAULT_MAX_VOLUMES = 32
 KNOWN_PARAMETERS = {"maxVolumes"}
+# What a VolumeGroupReplicationClass carries (the controller strips replication.storage.openshift.io/*
+# and passes the rest to CreateVolumeGroup): accepted, validated by EnableVolumeReplication.
+REPLICATION_CLASS_KEYS = {"schedulingInterval", "schedulingStartTime", "bandwidthLimit", "peer"}
 CO_PREFIXES = ("csi.storage.k8s.io/", "replication.storage.openshift.io/", "csiaddons.openshift.io/")
 
 
@@ -36,7 +39,7 @@ class Group:
         return asdict(self)
 
     @classmethod
-    def from_doc(cls, doc: dict) -> "Group":
+    def from_doc(cls, doc: dict) -> Group:
         return cls(**{k: v for k, v in doc.items() if k in cls.__dataclass_fields__})
 
 
@@ -47,12 +50,21 @@ def _max_volumes(params: dict) -> int:
     return int(raw)
 
 
+def _note_ignored(params: dict) -> None:
+    """Keys other than ours are the CO's classes' (VolumeGroupClass, VolumeGroupReplicationClass):
+    accepted and ignored here, never refused."""
+    ignored = sorted(set(params) - KNOWN_PARAMETERS)
+    if ignored:
+        log.debug("volume group parameters left to replication or ignored: %s", ", ".join(ignored[:16]))
+
+
 class GroupService:
-    def __init__(self, pool: Pool, volumes: VolumeService, *, in_use=None, replicated=None):
+    def __init__(self, pool: Pool, volumes: VolumeService, *, in_use=None, replicated=None, replica_of=None):
         self.pool = pool
         self.volumes = volumes
         self.in_use = in_use              # volume_id -> reason or ''
         self.replicated = replicated      # unit_id -> bool
+        self.replica_of = replica_of      # unit_id -> bool: a secondary here (members follow the peer)
 
     def find(self, group_id: str) -> Group | None:
         doc = store.read_doc(self.pool.group_meta(group_id))
@@ -64,27 +76,55 @@ class GroupService:
             raise GroupNotFound(group_id=group_id)
         return g
 
-    def create(self, name: str, parameters: dict | None = None) -> Group:
+    def create(self, name: str, parameters: dict | None = None, volume_ids=()) -> Group:
         check_name(name)
         params = dict(check_map(parameters or {}, "parameters"))
         # keys the CO's controllers add (csi-addons, provisioner) are theirs, not ours
         params = {k: v for k, v in params.items() if not k.startswith(CO_PREFIXES)}
-        unknown = sorted(set(params) - KNOWN_PARAMETERS)
-        if unknown:
-            raise InvalidParameter(key=unknown[0], reason=f"unknown parameter; known: {sorted(KNOWN_PARAMETERS)}")
+        _note_ignored(params)
         limit = _max_volumes(params)
+        members = list(dict.fromkeys(check_id(v) for v in volume_ids))
         key = name_key("group", name)
         with self.pool.lock(key):
             idx = store.read_doc(self.pool.name_index(key))
             if idx and (g := self.find(idx["group_id"])) is not None:
                 if g.parameters != params:
                     raise Conflict(f"volume group {name!r} exists with different parameters")
+                if members and sorted(members) != sorted(g.volume_ids):
+                    raise Conflict(f"volume group {name!r} exists with different volumes")
                 return g
+            if (same := self._group_of_exactly(members)) is not None:
+                # the replica of a group at the peer site (or a group made under another name):
+                # the VolumeGroupReplicationContent at a failover site names the same volumes
+                store.write_doc(self.pool.name_index(key), {"name": name, "group_id": same.group_id})
+                return same
             g = Group(group_id=new_id("grp"), name=name, parameters=params, max_volumes=limit,
                       created_at=time.time())
             store.write_doc(self.pool.group_meta(g.group_id), g.to_doc())
             store.write_doc(self.pool.name_index(key), {"name": name, "group_id": g.group_id})
-            return g
+        if members:                              # CreateVolumeGroupRequest.volume_ids (field 4)
+            try:
+                return self.modify(g.group_id, members)
+            except Exception:
+                self._forget(g)                  # no half-made group: a retry starts clean
+                raise
+        return g
+
+    def _group_of_exactly(self, members: list[str]) -> Group | None:
+        """The group whose members are exactly *members*, if they all belong to one."""
+        if not members:
+            return None
+        owners = {(v.group_id if (v := self.volumes.find_volume(vid)) else "") for vid in members}
+        if len(owners) != 1 or not (owner := owners.pop()):
+            return None
+        g = self.find(owner)
+        return g if g is not None and sorted(g.volume_ids) == sorted(members) else None
+
+    def _forget(self, g: Group) -> None:
+        for vid in g.volume_ids:
+            self._set_member(vid, "")
+        store.remove(self.pool.name_index(name_key("group", g.name)))
+        store.remove(self.pool.group_meta(g.group_id))
 
     def delete(self, group_id: str, delete_volume) -> None:
         """Delete the group and its member volumes (via *delete_volume*)."""
@@ -115,13 +155,19 @@ class GroupService:
             vol.group_id = group_id
             store.write_doc(self.pool.volume_meta(volume_id), vol.to_doc())
 
-    def modify(self, group_id: str, volume_ids: list[str]) -> Group:
+    def modify(self, group_id: str, volume_ids: list[str], parameters: dict | None = None) -> Group:
         check_id(group_id, "volume_group_id")
         wanted = list(dict.fromkeys(check_id(v) for v in volume_ids))
+        params = {k: v for k, v in check_map(parameters or {}, "parameters").items()
+                  if not k.startswith(CO_PREFIXES)}
+        _note_ignored(params)
         with self.pool.lock(group_id):
             g = self.get(group_id)
-            if len(wanted) > g.max_volumes:
-                raise ResourceExhausted(f"volume group {group_id} holds at most {g.max_volumes} volumes")
+            if self.replica_of is not None and self.replica_of(group_id):
+                raise GroupIsReplica(group_id=group_id)
+            limit = _max_volumes(params) if "maxVolumes" in params else g.max_volumes
+            if len(wanted) > limit:
+                raise ResourceExhausted(f"volume group {group_id} holds at most {limit} volumes")
             for vid in wanted:
                 vol = self.volumes.find_volume(vid)
                 if vol is None or vol.state != "ready":

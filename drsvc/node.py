@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import store
-from .errors import (CapacityOutOfRange, Conflict, InvalidInput, MissingField, NotFound, PreconditionFailed, VolumeNotFound)
+from .errors import (CapacityOutOfRange, Conflict, InvalidInput, MissingField, NotFound, PreconditionFailed,
+                     VolumeAttached, VolumeNotFound)
 from .host import filesystems, freeze, loop, mounts
 from .ids import check_id
 from .model import BLOCK, MOUNT, READONLY_MODES, Capability, NodeState
@@ -87,6 +88,27 @@ class NodeService:
             return f"staged at {st.staging_path}"
         return ""
 
+    def read_write_attachments(self, volume_id: str) -> list[str]:
+        """Where the volume's image is attached read-write on this node, from the node
+        record and from the kernel (writable loop devices backing it, their mounts)."""
+        found = []
+        st = self.find_state(volume_id)
+        if st is not None:
+            found += [f"published read-write at {t}" for t, o in sorted(st.targets.items())
+                      if not o.get("readonly")]
+            if st.staging_path and (st.device or mounts.is_mounted(st.staging_path)):
+                found.append(f"staged at {st.staging_path}")
+        for dev in loop.attached_devices(self.pool.image(volume_id), readonly=False):
+            where = mounts.mountpoints_of_device(dev) if os.path.exists(dev) else []
+            found.append(f"writable {dev}" + (f" mounted at {', '.join(where)}" if where else ""))
+        return found
+
+    def ensure_not_attached_read_write(self, volume_id: str) -> None:
+        """Raise VolumeAttached while anything on this node can write the image."""
+        if found := self.read_write_attachments(volume_id):
+            raise VolumeAttached(volume_id=volume_id, reason="; ".join(found)
+                                 + ": stop its writers, unpublish and unstage it first")
+
     @contextlib.contextmanager
     def consistent(self, volume_id: str):
         """Freeze the volume's filesystem if it is mounted here (for snapshots)."""
@@ -136,6 +158,10 @@ class NodeService:
                     if cap.access_mode in READONLY_MODES:
                         opts.append("ro")
                     mounts.mount(device, staging_path, fstype=st.fs_type, options=opts)
+                    if cap.access_mode not in READONLY_MODES and st.fs_type == "xfs":
+                        # xfs grows only mounted: a restore or clone larger than its source
+                        # presents the requested size from the first publish (a no-op otherwise)
+                        filesystems.grow(device, "xfs", staging_path)
             log.info("volume %s staged at %s on %s", volume_id, staging_path, device)
 
     def _ensure_filesystem(self, device: str, wanted: str) -> str:
@@ -246,6 +272,8 @@ class NodeService:
         rdev = os.stat(st.device).st_rdev
         devno = f"{os.major(rdev)}:{os.minor(rdev)}"
         if st.access_type == BLOCK:
+            if path == st.staging_path:
+                return True         # staged: the device that backs the image (checked by the caller)
             if not any(m.target == path for m in mounts.mounts()):
                 return False
             there = os.stat(path).st_rdev

@@ -15,7 +15,7 @@ from .replication import state as unit_state
 from .replication import status as replication_status
 from .replication.service import Replication, build
 from .replication.status import ReplicationStatus
-from .volumes import VolumeService
+from .volumes import VolumeService, pair_zone
 
 
 def check_writable(pool: Pool, volumes: VolumeService, volume_id: str, readonly: bool) -> None:
@@ -28,6 +28,12 @@ def check_writable(pool: Pool, volumes: VolumeService, volume_id: str, readonly:
     if st is not None and st.role == "secondary":
         raise NotPrimary(f"volume {volume_id} is a replication secondary on site {pool.site}: "
                          "it can be published read-only only; promote it to write", unit_id=unit, role=st.role)
+
+
+def is_secondary(pool_root, unit_id: str) -> bool:
+    """The unit replicates into this site (a group's members then follow the primary's)."""
+    st = unit_state.find_state(pool_root, unit_id)
+    return st is not None and st.role == "secondary"
 
 
 @dataclass(frozen=True)
@@ -45,10 +51,12 @@ class Site:
     def open(cls, pool_dir: Path, *, node_id: str, site_id: str = "local", config: SiteConfig | None = None,
              dispatcher: Dispatcher | None = None, connect=None, rpc_wait: float = 20.0) -> Site:
         pool = Pool(pool_dir, site=site_id).init()
-        volumes = VolumeService(pool, node_id)
+        volumes = VolumeService(pool, node_id, zone=pair_zone(site_id, config.peers, config.zone)
+                                if config is not None else None)
         node = NodeService(pool, volumes, node_id, publish_policy=functools.partial(check_writable, pool, volumes))
         groups = GroupService(pool, volumes, in_use=node.in_use,
-                              replicated=functools.partial(replication_status.is_enabled, pool.root))
+                              replicated=functools.partial(replication_status.is_enabled, pool.root),
+                              replica_of=functools.partial(is_secondary, pool.root))
         status = ReplicationStatus(site_id, pool.root, volumes, groups)
         replication = None
         if config is not None and dispatcher is not None:

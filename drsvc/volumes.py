@@ -28,6 +28,12 @@ KNOWN_PARAMETERS = {"volumeGroup", "preallocate"}
 CO_PREFIX = "csi.storage.k8s.io/"
 TOPOLOGY_SITE = "topology.drsvc.io/site"
 TOPOLOGY_NODE = "topology.drsvc.io/node"
+TOPOLOGY_ZONE = "topology.drsvc.io/zone"
+
+
+def pair_zone(site: str, peers=(), configured: str = "") -> str:
+    """The zone both sites of a pair advertise: the configured one, else the sorted site names."""
+    return configured or "-".join(sorted({site, *peers}))
 
 
 def _round_up(n: int, unit: int) -> int:
@@ -52,26 +58,34 @@ def check_capabilities(caps: list[Capability], *, required: bool = True) -> None
 
 
 class VolumeService:
-    def __init__(self, pool: Pool, node_id: str):
+    def __init__(self, pool: Pool, node_id: str, *, zone: str | None = None):
         self.pool = pool
         self.node_id = node_id
+        self.zone = zone or pool.site
 
     # -- topology ------------------------------------------------------------
+    # Advertised (NodeGetInfo, every Volume): only the zone, which is the same at both
+    # sites of a replication pair, so a PV that Ramen restores at the peer is schedulable
+    # there. The site and node keys are still matched in requests (older classes).
     @property
     def topology(self) -> dict:
-        return {TOPOLOGY_SITE: self.pool.site, TOPOLOGY_NODE: self.node_id}
+        return {TOPOLOGY_ZONE: self.zone}
 
     def _reachable(self, requisite: list[dict], preferred: list[dict]) -> bool:
         terms = requisite or preferred
         if not terms:
             return True
-        mine = self.topology
+        mine = {**self.topology, TOPOLOGY_SITE: self.pool.site, TOPOLOGY_NODE: self.node_id}
         return any(all(mine.get(k) == v for k, v in t.items()) for t in terms)
 
     # -- lookups --------------------------------------------------------------
     def find_volume(self, volume_id: str) -> Volume | None:
         doc = store.read_doc(self.pool.volume_meta(volume_id))
-        return Volume.from_doc(doc) if doc else None
+        if not doc:
+            return None
+        vol = Volume.from_doc(doc)
+        vol.topology = self.topology        # host-local here, replica or not: this site's zone
+        return vol
 
     def get_volume(self, volume_id: str) -> Volume:
         vol = self.find_volume(check_id(volume_id))
@@ -253,6 +267,8 @@ class VolumeService:
     # -- list / capacity / expand ---------------------------------------------
     def list_volumes(self, max_entries: int = 0, token: str = ""):
         vols = [Volume.from_doc(d) for d in self.pool.list_docs("volumes")]
+        for v in vols:
+            v.topology = self.topology
         vols = sorted((v for v in vols if v.state == "ready"), key=lambda v: (v.created_at, v.volume_id))
         return paginate(vols, max_entries, token)
 

@@ -38,6 +38,13 @@ def find_attached(image: Path, *, readonly: bool | None = None) -> str | None:
     return None
 
 
+def attached_devices(image: Path, *, readonly: bool | None = None) -> list[str]:
+    """Every /dev/loopN backing *image* (by path); *readonly* filters as in find_attached."""
+    image = os.path.realpath(image)
+    return [f"/dev/{e.name}" for e in sorted(SYS_BLOCK.glob("loop*"))
+            if _backing_file(e.name) == image and (readonly is None or _is_readonly(e.name) == readonly)]
+
+
 def backing_of(device: str) -> str | None:
     return _backing_file(Path(device).name)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..config import SiteConfig
 from ..dispatch import Dispatcher
-from ..errors import (DrsvcError, NeedsResync, NotPrimary, NotSecondary, OperationInProgress, PeerNotDemoted,
+from ..errors import (DrsvcError, NeedsResync, NotSecondary, OperationInProgress, PeerNotDemoted,
                       PeerNotRecorded, SplitBrain)
 from ..transport import Peer
 from . import state as unit_state
@@ -64,8 +64,7 @@ class ReplicationJobs:
                    start_time: float | None = None, bandwidth_limit: int = 0) -> dict:
         st = unit_state.find_state(self.pool, unit_id)
         if st is not None and st.role != "primary":
-            raise NotPrimary(f"{unit_id} is a secondary on site {self.cfg.site}; "
-                             "enable replication where the volume is primary", unit_id=unit_id, role=st.role)
+            return {"role": st.role}                 # replication exists here as a replica
         unit_state.ensure_unit(self.pool, unit_id, members, kind=kind, role="primary", peer=peer)
         with control_lock(self.pool, unit_id):
             c = find_control(self.pool, unit_id) or Control(unit_id=unit_id, kind=kind, members=members,
@@ -181,10 +180,11 @@ class ReplicationJobs:
         st = unit_state.get_state(self.pool, unit_id)
         if st.role != "secondary":
             raise NotSecondary(kind="unit", unit_id=unit_id)
-        if not (st.diverged or st.resync_requested):
-            return {"ready": True}
-        unit_state.request_resync(self.pool, unit_id)
-        return {"ready": False}
+        from .content import resync_step
+        c = find_control(self.pool, unit_id) or control_from_origin(st)
+        if c is None:
+            return {"ready": False, "reason": "no record of the primary's site"}
+        return resync_step(self.pool, unit_id, force=force, open_peer=lambda: self.peers(c.peer))
 
     def run_disable(self, unit_id: str) -> dict:
         from .remote import release_peer

@@ -8,6 +8,7 @@ command; the verb comes from SSH_ORIGINAL_COMMAND (or argv for local use):
     apply                           a conversation: status / hashes requests, then one
                                     delta transaction (begin, records, commit)
     hashes UNIT BLOCK_SIZE VOL...   block hash maps of replica images
+    snaphashes UNIT GENERATION      block hash maps of the acked snapshot (drsvc.replication.content)
     release UNIT [keep-image|delete-image]
 
 Anything else is refused. Imports stay lean: this starts once per connection.
@@ -33,7 +34,8 @@ from .layout import PoolLayout, check_id
 from .protocol import T_CONTROL, T_RECORD, FrameReader
 from .state import UnitState, find_state, save_state
 
-VERBS = {"hello": (0, 0), "status": (1, 1), "apply": (0, 0), "hashes": (2, 4096), "release": (1, 2)}
+VERBS = {"hello": (0, 0), "status": (1, 1), "apply": (0, 0), "hashes": (2, 4096), "release": (1, 2),
+         "snaphashes": (2, 2)}
 LOCK_WAIT = 30.0
 _IO_BUF = 1 << 20
 
@@ -361,7 +363,13 @@ def receive_transaction(layout: PoolLayout, reader: FrameReader, out: Out, tx: d
 
 
 HANDLERS = {"hello": verb_hello, "status": verb_status, "apply": verb_apply,
-            "hashes": verb_hashes, "release": verb_release}
+            "hashes": verb_hashes, "release": verb_release,
+            "snaphashes": lambda *a: _content().verb_snapshot_hashes(*a)}
+
+
+def _content():
+    from . import content
+    return content
 
 
 def parse_command(words) -> tuple[str, list[str]]:

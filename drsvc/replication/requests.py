@@ -10,12 +10,13 @@ from __future__ import annotations
 from .. import store
 from ..config import SiteConfig
 from ..dispatch import Dispatcher
-from ..errors import GroupEmpty, InvalidParameter, NotSecondary, VolumeInGroup, VolumeInUse
+from ..errors import InvalidParameter, NotSecondary, VolumeInGroup
 from ..ids import check_name
 from ..model import MOUNT, Capability, ContentSource
 from ..schedule import parse_interval, parse_start_time
 from . import state as unit_state
 from .control import DEFAULT_INTERVAL, find_control
+from .enablement import check_group_has_members, replicated_as_secondary, resolve_peer
 from .layout import PoolLayout
 from .status import ReplicationStatus, Unit
 
@@ -41,7 +42,7 @@ class ReplicationRequests:
         unknown = sorted(k for k in params if k not in KNOWN_PARAMETERS and not k.startswith(CO_PREFIXES))
         if unknown:
             raise InvalidParameter(key=unknown[0], reason=f"unknown parameter; known: {sorted(KNOWN_PARAMETERS)}")
-        peer = self.cfg.peer(params.get("peer", "")).name
+        peer = resolve_peer(self.cfg, params.get("peer", ""))
         interval = parse_interval(params.get("schedulingInterval", f"{DEFAULT_INTERVAL}s"))
         start = parse_start_time(params.get("schedulingStartTime", ""))
         bw = params.get("bandwidthLimit", "0")
@@ -51,8 +52,9 @@ class ReplicationRequests:
             vol = self.volumes.get_volume(unit.unit_id)
             if vol.group_id:
                 raise VolumeInGroup(volume_id=unit.unit_id, group_id=vol.group_id)
-        elif not unit.members:
-            raise GroupEmpty(group_id=unit.unit_id)
+        check_group_has_members(unit)
+        if replicated_as_secondary(self.pool, unit.unit_id):
+            return                                   # the replica's site: enabled already
         c = find_control(self.pool, unit.unit_id)
         if c is not None and (c.peer, c.interval) == (peer, interval):
             return                                   # idempotent: already enabled alike
@@ -73,13 +75,9 @@ class ReplicationRequests:
 
     def demote(self, unit: Unit, *, force: bool) -> None:
         self.status.require_enabled(unit)
-        for vid in unit.members:
-            node_state = self.node.find_state(vid)
-            targets = node_state.targets if node_state else {}
-            writers = [t for t, o in targets.items() if not o.get("readonly")]
-            if writers:
-                raise VolumeInUse(f"volume {vid} is published read-write at {writers[0]}; "
-                                  "stop its writers and unpublish it before demoting", volume_id=vid)
+        st = unit_state.find_state(self.pool, unit.unit_id)
+        for vid in unit.members if st is None or st.role == "primary" else ():
+            self.node.ensure_not_attached_read_write(vid)   # staged or published: refuse
         self._run("demote", unit, force=force)
 
     def resync(self, unit: Unit, *, force: bool) -> bool:
@@ -87,11 +85,7 @@ class ReplicationRequests:
         st = unit_state.find_state(self.pool, unit.unit_id)
         if st is None or st.role != "secondary":
             raise NotSecondary(kind=unit.kind, unit_id=unit.unit_id)
-        if not (st.diverged or st.resync_requested):
-            return True                       # consistent with the primary's last generation
-        if st.resync_requested:
-            return False                      # waiting for the primary's compare sync
-        return bool(self._run("resync", unit, force=force).get("ready"))
+        return bool(self._run("resync", unit, force=force).get("ready"))   # judged by content
 
     def sync_now(self, unit: Unit, *, wait: float | None = None) -> dict:
         self.status.require_enabled(unit)

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import NotEnabled, NotPrimary, UnitNotFound
+from ..errors import NoSyncYet, NotEnabled, NotPrimary, UnitNotFound
 from ..ids import check_id
 from ..schedule import assess
 from . import state as unit_state
@@ -98,7 +98,10 @@ class ReplicationStatus:
         if st is None or st.role != "primary":
             raise NotPrimary(f"{unit.kind} {unit.unit_id} is not primary on site {self.site_id}",
                              unit_id=unit.unit_id, role=st.role if st else "")
-        return self.describe(unit.unit_id)
+        info = self.describe(unit.unit_id)
+        if not info.last_sync_time:
+            raise NoSyncYet(unit_id=unit.unit_id)          # the seed's NOT_FOUND, until there is one
+        return info
 
     def describe(self, unit_id: str) -> Info:
         """Status for operators, on either role (the CLI and /metrics use it)."""

@@ -29,8 +29,11 @@ def test_group_lifecycle_and_errors(plugin, groups, paths):
     assert again.volume_group.volume_group_id == g.volume_group_id                     # idempotent by name
     assert _code(lambda: groups.CreateVolumeGroup(VG.CreateVolumeGroupRequest(
         name="g1", parameters={"maxVolumes": "3"}))) == grpc.StatusCode.ALREADY_EXISTS
+    # keys of other classes are accepted and ignored (issue 10 item 2); ours are validated
+    g2 = groups.CreateVolumeGroup(VG.CreateVolumeGroupRequest(name="g2", parameters={"colour": "red"}))
+    groups.DeleteVolumeGroup(VG.DeleteVolumeGroupRequest(volume_group_id=g2.volume_group.volume_group_id))
     assert _code(lambda: groups.CreateVolumeGroup(VG.CreateVolumeGroupRequest(
-        name="g2", parameters={"colour": "red"}))) == grpc.StatusCode.INVALID_ARGUMENT
+        name="g3", parameters={"maxVolumes": "many"}))) == grpc.StatusCode.INVALID_ARGUMENT
     assert _code(lambda: groups.CreateVolumeGroup(VG.CreateVolumeGroupRequest(name=""))) \
         == grpc.StatusCode.INVALID_ARGUMENT
 
@@ -107,3 +110,32 @@ def test_addons_identity_advertises_only_what_works(plugin):
         replication_pb2_grpc.ControllerStub(plugin.channel).EnableVolumeReplication(
             replication_pb2.EnableVolumeReplicationRequest(volume_id="vol-x"))
     assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+# The parameters kubernetes-csi-addons' VolumeGroupReplicationContent controller passes to
+# CreateVolumeGroup: the VolumeGroupReplicationClass's, replication.storage.openshift.io/* stripped
+# (internal/controller/replication.storage/volumegroupreplicationcontent_controller.go, Reconcile).
+VGR_CLASS = {"schedulingInterval": "5m", "bandwidthLimit": "1000000", "peer": "b",
+             "replication.storage.openshift.io/group-replication-secret-name": "s"}
+
+
+def test_create_group_with_class_parameters_and_members(plugin, groups):
+    vols = [plugin.create(f"cm{i}", 32 << 20).volume_id for i in range(3)]
+    req = VG.CreateVolumeGroupRequest(name="vgr-1", parameters=VGR_CLASS, volume_ids=vols[:2])
+    g = groups.CreateVolumeGroup(req).volume_group
+    assert sorted(v.volume_id for v in g.volumes) == sorted(vols[:2])           # field 4 honoured
+    assert groups.CreateVolumeGroup(req).volume_group.volume_group_id == g.volume_group_id
+    assert _code(lambda: groups.CreateVolumeGroup(VG.CreateVolumeGroupRequest(
+        name="vgr-1", parameters=VGR_CLASS, volume_ids=vols))) == grpc.StatusCode.ALREADY_EXISTS
+    # a bad member leaves no group behind
+    assert _code(lambda: groups.CreateVolumeGroup(VG.CreateVolumeGroupRequest(
+        name="vgr-2", volume_ids=[vols[2], "vol-missing"]))) == grpc.StatusCode.NOT_FOUND
+    assert not any(e.volume_group.volume_group_context["name"] == "vgr-2"
+                   for e in groups.ListVolumeGroups(VG.ListVolumeGroupsRequest()).entries)
+    # Modify carries the class parameters too (field 4): accepted; maxVolumes applies
+    m = groups.ModifyVolumeGroupMembership(VG.ModifyVolumeGroupMembershipRequest(
+        volume_group_id=g.volume_group_id, volume_ids=vols, parameters=VGR_CLASS)).volume_group
+    assert sorted(v.volume_id for v in m.volumes) == sorted(vols)
+    assert _code(lambda: groups.ModifyVolumeGroupMembership(VG.ModifyVolumeGroupMembershipRequest(
+        volume_group_id=g.volume_group_id, volume_ids=vols, parameters={"maxVolumes": "2"}))) \
+        == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -170,8 +170,9 @@ def test_sidecar_form_and_missing_source(lab):
     assert code_of(lambda: A.call("EnableVolumeReplication")) == grpc.StatusCode.INVALID_ARGUMENT
     A.retry("EnableVolumeReplication", volume_id=vol, parameters=INTERVAL, sidecar=True)
     # the outcome is recorded just after the generation: wait for what the RPC reports
-    wait_for(lambda: A.call("GetVolumeReplicationInfo", volume_id=vol).last_sync_time.seconds, 30,
-             what="initial sync recorded")
+    # before the first sync the answer is NOT_FOUND (last_sync_time is REQUIRED), then OK
+    wait_for(lambda: code_of(lambda: A.call("GetVolumeReplicationInfo", volume_id=vol)) == grpc.StatusCode.OK,
+             30, what="initial sync recorded")
     a = A.call("GetVolumeReplicationInfo", volume_id=vol, sidecar=True)
     b = A.call("GetVolumeReplicationInfo", volume_id=vol)
     assert a.last_sync_time.seconds and b.last_sync_time.seconds
