@@ -17,7 +17,7 @@ from drsvc.site import Site
 
 from drsvc.config import load as load_config, socket_path
 
-from . import addons_servicers, admin_servicer, csi_servicers
+from . import addons_servicers, admin_servicer, csi_servicers, group_servicer
 from .gen import admin_pb2_grpc, csi_pb2, csi_pb2_grpc, identity_pb2_grpc, replication_pb2_grpc, volumegroup_pb2_grpc
 from .interceptors import LoggingInterceptor
 
@@ -30,7 +30,9 @@ def build_server(site: Site, sock: Path, *, max_workers: int = 16) -> grpc.Serve
     csi_pb2_grpc.add_IdentityServicer_to_server(csi_servicers.Identity(site), server)
     csi_pb2_grpc.add_ControllerServicer_to_server(csi_servicers.Controller(site), server)
     csi_pb2_grpc.add_NodeServicer_to_server(csi_servicers.Node(site), server)
-    names = [csi_pb2.DESCRIPTOR.services_by_name[s].full_name for s in ("Identity", "Controller", "Node")]
+    csi_pb2_grpc.add_GroupControllerServicer_to_server(group_servicer.GroupController(site), server)
+    names = [csi_pb2.DESCRIPTOR.services_by_name[s].full_name
+             for s in ("Identity", "Controller", "Node", "GroupController")]
     replicating = site.replication is not None
     identity_pb2_grpc.add_IdentityServicer_to_server(addons_servicers.AddonsIdentity(site, replicating), server)
     volumegroup_pb2_grpc.add_ControllerServicer_to_server(addons_servicers.VolumeGroupController(site), server)

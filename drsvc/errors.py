@@ -205,3 +205,29 @@ class ReplicationConflict(PreconditionFailed):
 
 class RemoteError(InternalError):
     template = "peer failed: {reason}"
+
+
+# -- CSI snapshots, group snapshots, volume modification (issue 12) -----------
+class GroupSnapshotNotFound(NotFound):
+    template = "volume group snapshot {group_snapshot_id!r} does not exist"
+
+
+class GroupSnapshotExists(Conflict):
+    template = "volume group snapshot named {name!r} exists with different {reason}"
+
+
+class SnapshotListMismatch(InvalidInput):
+    template = "snapshot_ids do not match volume group snapshot {group_snapshot_id!r}: {reason}"
+
+
+class SnapshotInGroup(InvalidInput):
+    template = ("snapshot {snapshot_id!r} is part of volume group snapshot {group_snapshot_id!r}; "
+                "delete the group snapshot instead")
+
+
+class NotGroupConsistent(PreconditionFailed):
+    template = "volumes cannot be snapshotted together at one instant: {reason}"
+
+
+class ParameterNotMutable(InvalidInput):
+    template = "parameter {key!r} cannot be modified here: {reason}"

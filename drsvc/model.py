@@ -36,12 +36,13 @@ class Volume:
     topology: dict = field(default_factory=dict)
     group_id: str = ""
     created_at: float = 0.0
+    mutable_parameters: dict = field(default_factory=dict)   # set by ControllerModifyVolume
 
     def to_doc(self) -> dict:
         return asdict(self)
 
     @classmethod
-    def from_doc(cls, doc: dict) -> "Volume":
+    def from_doc(cls, doc: dict) -> Volume:
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in doc.items() if k in known})
 
@@ -60,7 +61,7 @@ class Snapshot:
         return asdict(self)
 
     @classmethod
-    def from_doc(cls, doc: dict) -> "Snapshot":
+    def from_doc(cls, doc: dict) -> Snapshot:
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in doc.items() if k in known})
 
@@ -79,7 +80,7 @@ class NodeState:
         return asdict(self)
 
     @classmethod
-    def from_doc(cls, doc: dict) -> "NodeState":
+    def from_doc(cls, doc: dict) -> NodeState:
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in doc.items() if k in known})
 

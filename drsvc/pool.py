@@ -8,6 +8,7 @@ Layout (all names come from drsvc.ids, never from clients)::
     snapshots/<snapshot_id>.img  snapshot images (reflink copies)
     snapshots/<snapshot_id>.json
     names/<kind>-<sha256>.json   client name -> id index
+    group_snapshots/<id>.json    volume group snapshots (members live in snapshots/)
     node/<volume_id>.json        node stage/publish state
     locks/<key>.lock             flock files (per volume, per name)
     replication/                 owned by drsvc.replication
@@ -26,7 +27,8 @@ from .host import reflink
 from .ids import check_id
 
 log = logging.getLogger(__name__)
-SUBDIRS = ("images", "volumes", "snapshots", "names", "node", "locks", "replication", "groups")
+SUBDIRS = ("images", "volumes", "snapshots", "names", "node", "locks", "replication", "groups",
+           "group_snapshots")
 
 
 class Pool:
@@ -35,7 +37,7 @@ class Pool:
         self.site = site
         self.reflink = False
 
-    def init(self) -> "Pool":
+    def init(self) -> Pool:
         self.root.mkdir(parents=True, exist_ok=True)
         for d in SUBDIRS:
             (self.root / d).mkdir(exist_ok=True)
@@ -70,6 +72,9 @@ class Pool:
 
     def group_meta(self, group_id: str) -> Path:
         return self.root / "groups" / f"{check_id(group_id, 'volume_group_id')}.json"
+
+    def group_snapshot_meta(self, group_snapshot_id: str) -> Path:
+        return self.root / "group_snapshots" / f"{check_id(group_snapshot_id, 'group_snapshot_id')}.json"
 
     def staging_image(self, final: Path) -> Path:
         """A temp name next to *final*, owned by the operation that creates it."""
