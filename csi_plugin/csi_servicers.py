@@ -44,6 +44,7 @@ class Identity(csi_pb2_grpc.IdentityServicer):
             P(service=P.Service(type=P.Service.CONTROLLER_SERVICE)),
             P(service=P.Service(type=P.Service.VOLUME_ACCESSIBILITY_CONSTRAINTS)),
             P(service=P.Service(type=P.Service.GROUP_CONTROLLER_SERVICE)),
+            P(service=P.Service(type=P.Service.SNAPSHOT_METADATA_SERVICE)),
             P(volume_expansion=P.VolumeExpansion(type=P.VolumeExpansion.ONLINE)),
         ])
 

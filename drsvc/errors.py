@@ -231,3 +231,20 @@ class NotGroupConsistent(PreconditionFailed):
 
 class ParameterNotMutable(InvalidInput):
     template = "parameter {key!r} cannot be modified here: {reason}"
+
+
+class StartingOffsetOutOfRange(OutOfRange):
+    template = "starting_offset {offset} is outside the snapshot's {size} bytes"
+
+
+class SnapshotsOfDifferentVolumes(InvalidInput):
+    template = ("base snapshot {base!r} is of volume {base_volume!r}, target snapshot {target!r} of "
+                "volume {target_volume!r}: a delta needs two snapshots of the same volume")
+
+
+class BaseNewerThanTarget(InvalidInput):
+    template = "base snapshot {base!r} was taken after target snapshot {target!r}"
+
+
+class MaxResultsNegative(InvalidInput):
+    template = "max_results must not be negative, got {value}"
