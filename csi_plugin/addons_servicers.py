@@ -105,13 +105,14 @@ def source_of(req) -> tuple[str, str]:
 
 
 class ReplicationController(replication_pb2_grpc.ControllerServicer):
-    def __init__(self, site, replication):
+    def __init__(self, site, replication, status):
         self.site = site
-        self.replication = replication
+        self.replication = replication    # drsvc.replication.requests
+        self.status = status              # drsvc.replication.status
 
     def _unit(self, req):
         self.site.check_secrets(dict(req.secrets))
-        return self.replication.resolve(*source_of(req))
+        return self.status.resolve(*source_of(req))
 
     @rpc
     def EnableVolumeReplication(self, req, context):
@@ -140,7 +141,7 @@ class ReplicationController(replication_pb2_grpc.ControllerServicer):
 
     @rpc
     def GetVolumeReplicationInfo(self, req, context):
-        info = self.replication.info(self._unit(req))
+        info = self.status.info(self._unit(req))
         R = replication_pb2.GetVolumeReplicationInfoResponse
         resp = R(last_sync_bytes=info.last_sync_bytes, status=R.Status.Value(info.status),
                  status_message=info.status_message)

@@ -19,37 +19,38 @@ def status_message(info, unit_id: str, kind: str, members) -> admin_pb2.Replicat
 
 
 class Admin(admin_pb2_grpc.AdminServicer):
-    def __init__(self, site, replication):
+    def __init__(self, site, requests, status):
         self.site = site
-        self.replication = replication
+        self.requests = requests      # drsvc.replication.requests
+        self.status = status          # drsvc.replication.status
 
     def _unit(self, unit):
         if unit.volume_group_id:
-            return self.replication.resolve("group", unit.volume_group_id)
+            return self.status.resolve("group", unit.volume_group_id)
         if unit.volume_id:
-            return self.replication.resolve("volume", unit.volume_id)
+            return self.status.resolve("volume", unit.volume_id)
         raise InvalidInput("unit.volume_id or unit.volume_group_id is required")
 
     @rpc
     def ListReplications(self, req, context):
         out = []
-        for unit_id in self.replication.units():
+        for unit_id in self.status.units():
             try:
-                info = self.replication.describe(unit_id)
+                info = self.status.describe(unit_id)
             except Exception:  # noqa: BLE001 - a unit half torn down is skipped, not fatal
                 continue
-            kind, members = self.replication.kind_of(unit_id)
+            kind, members = self.status.kind_of(unit_id)
             out.append(status_message(info, unit_id, kind, members))
         return admin_pb2.ListReplicationsResponse(replications=out)
 
     @rpc
     def GetReplicationStatus(self, req, context):
         unit = self._unit(req.unit)
-        return status_message(self.replication.describe(unit.unit_id), unit.unit_id, unit.kind, unit.members)
+        return status_message(self.status.describe(unit.unit_id), unit.unit_id, unit.kind, unit.members)
 
     @rpc
     def SyncNow(self, req, context):
-        out = self.replication.sync_now(self._unit(req.unit), wait=req.wait_seconds or None)
+        out = self.requests.sync_now(self._unit(req.unit), wait=req.wait_seconds or None)
         return admin_pb2.SyncNowResponse(
             base_generation=out.get("base_generation", 0), target_generation=out.get("target_generation", 0),
             bytes_on_wire=out.get("bytes_on_wire", 0), bytes_changed=out.get("bytes_changed", 0),
@@ -57,5 +58,5 @@ class Admin(admin_pb2_grpc.AdminServicer):
 
     @rpc
     def CloneReplica(self, req, context):
-        gen, vols = self.replication.clone_replica(self._unit(req.unit), req.name_prefix)
+        gen, vols = self.requests.clone_replica(self._unit(req.unit), req.name_prefix)
         return admin_pb2.CloneReplicaResponse(generation=gen, volumes=[convert.volume(v) for v in vols])

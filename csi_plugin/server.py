@@ -41,8 +41,9 @@ def build_server(site: Site, sock: Path, *, max_workers: int = 16, block_metadat
     names += ["identity.Identity", "volumegroup.Controller"]
     if replicating:
         replication_pb2_grpc.add_ControllerServicer_to_server(
-            addons_servicers.ReplicationController(site, site.replication), server)
-        admin_pb2_grpc.add_AdminServicer_to_server(admin_servicer.Admin(site, site.replication), server)
+            addons_servicers.ReplicationController(site, site.replication.requests, site.status), server)
+        admin_pb2_grpc.add_AdminServicer_to_server(
+            admin_servicer.Admin(site, site.replication.requests, site.status), server)
         names += ["replication.Controller", "drsvc.admin.v1.Admin"]
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -77,11 +78,9 @@ def main(argv=None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.config:
         cfg = load_config(Path(args.config))
-        site = Site.from_config(cfg)
-        from drsvc.replication.service import ReplicationService
         from workers.app import make_app
         from workers.client import CeleryDispatcher
-        site.replication = ReplicationService(site, cfg, CeleryDispatcher(make_app(cfg)))
+        site = Site.from_config(cfg, dispatcher=CeleryDispatcher(make_app(cfg)))
         endpoint = args.endpoint or cfg.endpoint
     else:
         if not (args.pool and args.node_id):

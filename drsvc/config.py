@@ -17,6 +17,7 @@ Example::
     user = "drsvc"
     known_hosts = "/etc/drsvc/peers/b.known_hosts"       # pinned host key
     key = "/etc/drsvc/keys/to-b"                         # dedicated private key
+    # transport = "ssh"                                  # default; "local": pool = "/path" on this host
 """
 from __future__ import annotations
 
@@ -30,14 +31,21 @@ from .errors import InvalidInput, NotFound, Unauthenticated
 from .ids import check_id
 
 
+# The keys each transport needs in its [peers.<name>] table (drsvc.replication.peers builds it).
+TRANSPORT_KEYS = {"ssh": ("host", "known_hosts", "key"), "local": ("pool",)}
+
+
 @dataclass(frozen=True)
-class Peer:
+class PeerConfig:
+    """One [peers.<name>] table: how to reach the peer site (not the transport.Peer itself)."""
     name: str
-    host: str
-    port: int
-    user: str
-    known_hosts: Path
-    key: Path
+    host: str = ""
+    port: int = 22
+    user: str = "root"
+    known_hosts: Path | None = None
+    key: Path | None = None
+    transport: str = "ssh"
+    pool: Path | None = None      # transport "local": the peer's pool on this host
 
 
 @dataclass(frozen=True)
@@ -59,7 +67,7 @@ class SiteConfig:
         """This site's Celery queue: a site's workers serve only their own site."""
         return f"drsvc.{self.site}"
 
-    def peer(self, name: str = "") -> Peer:
+    def peer(self, name: str = "") -> PeerConfig:
         if not name:
             if len(self.peers) == 1:
                 return next(iter(self.peers.values()))
@@ -97,6 +105,19 @@ def _req(doc: dict, key: str, where: str):
     return doc[key]
 
 
+def _peer(name: str, p: dict, where: str, rel) -> PeerConfig:
+    transport = p.get("transport", "ssh")
+    if transport not in TRANSPORT_KEYS:
+        raise InvalidInput(f"{where}: unknown transport {transport!r}; known: {sorted(TRANSPORT_KEYS)}")
+    for key in TRANSPORT_KEYS[transport]:
+        _req(p, key, where)
+
+    def path(key: str) -> Path | None:
+        return rel(p[key]) if p.get(key) else None
+    return PeerConfig(name=name, host=p.get("host", ""), port=int(p.get("port", 22)), user=p.get("user", "root"),
+                      known_hosts=path("known_hosts"), key=path("key"), transport=transport, pool=path("pool"))
+
+
 def parse(doc: dict, path: Path | None = None) -> SiteConfig:
     where = str(path or "site config")
     base = path.parent if path else Path.cwd()
@@ -108,10 +129,7 @@ def parse(doc: dict, path: Path | None = None) -> SiteConfig:
     peers = {}
     for name, p in (doc.get("peers") or {}).items():
         check_id(name, "peer name")
-        peers[name] = Peer(name=name, host=_req(p, "host", f"{where} [peers.{name}]"),
-                           port=int(p.get("port", 22)), user=p.get("user", "root"),
-                           known_hosts=rel(_req(p, "known_hosts", f"{where} [peers.{name}]")),
-                           key=rel(_req(p, "key", f"{where} [peers.{name}]")))
+        peers[name] = _peer(name, p, f"{where} [peers.{name}]", rel)
     site = check_id(_req(doc, "site", where), "site")
     return SiteConfig(site=site, node_id=doc.get("node_id", f"{site}-node"), pool=rel(_req(doc, "pool", where)),
                       endpoint=doc.get("endpoint", ""), redis_url=doc.get("redis_url", "redis://127.0.0.1:6379/0"),

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime, time as dtime, timezone
+from datetime import datetime, time as dtime, UTC
 
 from .errors import InvalidParameter
 
@@ -36,14 +36,14 @@ def parse_start_time(text: str) -> float | None:
         if "T" in text or "-" in text[:10]:
             dt = datetime.fromisoformat(text)
             if dt.tzinfo is None:
-                dt = dt.replace(tzinfo=timezone.utc)
+                dt = dt.replace(tzinfo=UTC)
             return dt.timestamp()
         t = dtime.fromisoformat(text)
     except ValueError:
         raise InvalidParameter(key="schedulingStartTime",
                                reason=f"{text!r} is neither ISO 8601 nor HH:MM[:SS]") from None
-    today = datetime.now(timezone.utc).date()
-    return datetime.combine(today, t.replace(tzinfo=t.tzinfo or timezone.utc)).timestamp()
+    today = datetime.now(UTC).date()
+    return datetime.combine(today, t.replace(tzinfo=t.tzinfo or UTC)).timestamp()
 
 
 @dataclass(frozen=True)

@@ -1,56 +1,67 @@
-"""Wires one site's core services together over its pool."""
+"""Wires one site's core services together over its pool, in one factory."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
 from .config import SiteConfig
+from .dispatch import Dispatcher
 from .errors import PreconditionFailed
-from .replication import state as unit_state
 from .groups import GroupService
 from .node import NodeService
 from .pool import Pool
+from .replication import state as unit_state
+from .replication import status as replication_status
+from .replication.service import Replication, build
+from .replication.status import ReplicationStatus
 from .volumes import VolumeService
 
 
-@dataclass
+def check_writable(pool: Pool, volumes: VolumeService, volume_id: str, readonly: bool) -> None:
+    """A replication secondary may be used read-only, never read-write."""
+    if readonly:
+        return
+    vol = volumes.find_volume(volume_id)
+    unit = (vol.group_id if vol and vol.group_id else volume_id)
+    st = unit_state.find_state(pool.root, unit)
+    if st is not None and st.role == "secondary":
+        raise PreconditionFailed(f"volume {volume_id} is a replication secondary on site {pool.site}: "
+                                 "it can be published read-only only; promote it to write")
+
+
+@dataclass(frozen=True)
 class Site:
     pool: Pool
     volumes: VolumeService
     node: NodeService
     groups: GroupService
     node_id: str
+    status: ReplicationStatus                 # the replication read model (no dispatcher needed)
     config: SiteConfig | None = None
-    replication: object = None          # drsvc.replication.service.ReplicationService, when configured
+    replication: Replication | None = None    # requests and jobs, when a config and a dispatcher are given
 
     @classmethod
-    def open(cls, pool_dir: Path, *, node_id: str, site_id: str = "local",
-             config: SiteConfig | None = None) -> "Site":
+    def open(cls, pool_dir: Path, *, node_id: str, site_id: str = "local", config: SiteConfig | None = None,
+             dispatcher: Dispatcher | None = None, connect=None, rpc_wait: float = 20.0) -> Site:
         pool = Pool(pool_dir, site=site_id).init()
         volumes = VolumeService(pool, node_id)
-        node = NodeService(pool, volumes, node_id)
-        site = cls(pool, volumes, node, None, node_id, config)
-        site.groups = GroupService(pool, volumes, in_use=node.in_use, replicated=site.is_replicated)
-        node.publish_policy = site.check_writable
-        return site
-
-    def check_writable(self, volume_id: str, readonly: bool) -> None:
-        """A replication secondary may be used read-only, never read-write."""
-        if readonly:
-            return
-        vol = self.volumes.find_volume(volume_id)
-        unit = (vol.group_id if vol and vol.group_id else volume_id)
-        st = unit_state.find_state(self.pool.root, unit)
-        if st is not None and st.role == "secondary":
-            raise PreconditionFailed(f"volume {volume_id} is a replication secondary on site {self.pool.site}: "
-                                     "it can be published read-only only; promote it to write")
+        node = NodeService(pool, volumes, node_id, publish_policy=functools.partial(check_writable, pool, volumes))
+        groups = GroupService(pool, volumes, in_use=node.in_use,
+                              replicated=functools.partial(replication_status.is_enabled, pool.root))
+        status = ReplicationStatus(site_id, pool.root, volumes, groups)
+        replication = None
+        if config is not None and dispatcher is not None:
+            replication = build(config, status, dispatcher, volumes=volumes, groups=groups, node=node,
+                                connect=connect, rpc_wait=rpc_wait)
+        return cls(pool, volumes, node, groups, node_id, status, config, replication)
 
     @classmethod
-    def from_config(cls, cfg: SiteConfig) -> "Site":
-        return cls.open(cfg.pool, node_id=cfg.node_id, site_id=cfg.site, config=cfg)
+    def from_config(cls, cfg: SiteConfig, *, dispatcher: Dispatcher | None = None, **kw) -> Site:
+        return cls.open(cfg.pool, node_id=cfg.node_id, site_id=cfg.site, config=cfg, dispatcher=dispatcher, **kw)
 
     def is_replicated(self, unit_id: str) -> bool:
-        return self.replication is not None and self.replication.is_enabled(unit_id)
+        return self.status.is_enabled(unit_id)
 
     def check_secrets(self, secrets: dict) -> None:
         if self.config is not None:

@@ -63,8 +63,8 @@ class SiteRun:
         if (pid := self.pid(component)) is not None:
             return pid
         env = dict(os.environ, DRSVC_CONFIG=str(self.cfg.path), PYTHONUNBUFFERED="1", **(extra_env or {}))
-        log = open(self.log_file(component), "ab")
-        proc = runner.spawn(_argv(component, self.cfg), env=env, stdout=log, stderr=log)
+        with open(self.log_file(component), "ab") as log:  # the child keeps its own copy of the fd
+            proc = runner.spawn(_argv(component, self.cfg), env=env, stdout=log, stderr=log)
         self.pid_file(component).write_text(str(proc.pid))
         return proc.pid
 

@@ -11,7 +11,6 @@ from prometheus_client import start_http_server
 from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily
 
 from drsvc.config import SiteConfig, load
-from drsvc.replication.service import ReplicationService
 from drsvc.site import Site
 
 log = logging.getLogger("workers.metrics")
@@ -21,7 +20,7 @@ PREFIX = "drsvc_replication"
 class ReplicationCollector:
     def __init__(self, cfg: SiteConfig):
         self.cfg = cfg
-        self.service = ReplicationService(Site.from_config(cfg), cfg, dispatcher=None)
+        self.service = Site.from_config(cfg).status      # the read model: no dispatcher
 
     def collect(self):
         labels = ["site", "unit", "kind", "peer"]

@@ -24,7 +24,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from drsvc.config import SiteConfig, load
-from drsvc.replication.service import list_schedules
+from drsvc.replication.status import list_schedules
 
 from .tasks import sync_marker
 

@@ -20,15 +20,14 @@ OPS = ("enable", "disable", "promote", "demote", "resync", "sync")
 _services: dict = {}
 
 
-def service_for(app):
-    """The site's ReplicationService, built once per worker process."""
+def jobs_for(app):
+    """The site's replication jobs (drsvc.replication.jobs), built once per worker process."""
     key = id(app)
     if key not in _services:
-        from drsvc.replication.service import ReplicationService
         from drsvc.site import Site
         from .client import CeleryDispatcher
-        site = Site.from_config(app.drsvc_config)
-        _services[key] = ReplicationService(site, app.drsvc_config, CeleryDispatcher(app))
+        site = Site.from_config(app.drsvc_config, dispatcher=CeleryDispatcher(app))
+        _services[key] = site.replication.jobs
     return _services[key]
 
 
@@ -42,17 +41,17 @@ def register(app) -> None:
     def make(op: str):
         @app.task(name=f"drsvc.{op}", bind=True, acks_late=True, max_retries=8)
         def task(self, unit_id: str, **kwargs):
-            svc = service_for(app)
-            r = svc.dispatcher.redis          # one client per worker process
+            jobs = jobs_for(app)
+            r = jobs.dispatcher.redis         # one client per worker process
             retrying = False
             try:
-                out = getattr(svc, f"run_{op}")(unit_id, **kwargs)
+                out = getattr(jobs, f"run_{op}")(unit_id, **kwargs)
                 return {"ok": True, **(out or {})}
             except Unavailable as e:
                 # transient (peer or Redis down): scheduled syncs retry with backoff
                 if op == "sync" and self.request.retries < self.max_retries:
                     retrying = True
-                    raise self.retry(countdown=min(60, 2 ** self.request.retries), exc=e)
+                    raise self.retry(countdown=min(60, 2 ** self.request.retries), exc=e) from e
                 return error_to_dict(e)
             except DrsvcError as e:
                 return error_to_dict(e)

@@ -41,6 +41,12 @@ class PoolLayout:
     def state_path(self, unit_id: str) -> Path:
         return self.unit_dir(unit_id) / "state.json"
 
+    def control_path(self, unit_id: str) -> Path:
+        return self.unit_dir(unit_id) / "control.json"
+
+    def control_lock_path(self, unit_id: str) -> Path:
+        return self.unit_dir(unit_id) / ".control.lock"
+
     def lock_path(self, unit_id: str) -> Path:
         return self.unit_dir(unit_id) / ".lock"
 

@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Ansible module: a DR drill at a secondary site, on clones of the latest replicated generation."""
 from __future__ import annotations
 
@@ -202,20 +201,20 @@ class Drill:
             grpc.channel_ready_future(self.client.channel).result(timeout=p["connect_timeout"])
         except grpc.FutureTimeoutError:
             raise Failed(f"endpoint {self.endpoint} is unreachable (no answer in {p['connect_timeout']}s)",
-                         code="UNAVAILABLE")
+                         code="UNAVAILABLE") from None
 
     def retry(self, what, fn):
         try:
             return self.client.until_done(fn, wait=self.p["wait"])
         except RpcFailed as e:
-            raise Failed(f"{what} at {self.endpoint} failed: {e.code.name}: {e.message}", code=e.code.name)
+            raise Failed(f"{what} at {self.endpoint} failed: {e.code.name}: {e.message}", code=e.code.name) from e
 
     def status(self):
         try:
             return self.client.status(**self.sel)
         except RpcFailed as e:
             raise Failed(f"status of {self.kind} {self.name} at {self.endpoint}: {e.code.name}: {e.message}",
-                         code=e.code.name)
+                         code=e.code.name) from e
 
     # -- verification -------------------------------------------------------------------------
     def probe(self, mounts, sources):
@@ -225,7 +224,7 @@ class Drill:
             return {"rc": rc, "stdout": out[-LIMIT:], "stderr": err[-LIMIT:], "passed": rc == 0}
         group = "group_id" in self.sel
         rc, outs, errs, sums = 0, [], [], {}
-        for mnt, src in zip(mounts, sources):
+        for mnt, src in zip(mounts, sources, strict=True):
             names = files_under(mnt)
             for i in range(0, len(names), CHUNK):
                 # cwd at the mount: the listing names files relative to the volume's root
@@ -262,7 +261,7 @@ class Drill:
         clones = [{"source": src, "clone": v["volume_id"],
                    "staging": os.path.join(scratch, v["volume_id"], "staging"),
                    "mount": os.path.join(scratch, v["volume_id"], "mount")}
-                  for src, v in zip(sources, cloned["volumes"])]
+                  for src, v in zip(sources, cloned["volumes"], strict=True)]
         result = {"changed": False, "unit_id": before["unit_id"], "generation": cloned["generation"],
                   "passed": False, "rc": None, "stdout": "", "stderr": ""}
         staged = []

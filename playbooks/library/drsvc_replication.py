@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Ansible module: drive one drsvc replication unit (a volume or a volume group) at one site."""
 from __future__ import annotations
 
@@ -169,7 +168,7 @@ def parse_interval(text):
     try:
         return parse(text)
     except DrsvcError as e:
-        raise Failed(f"interval {text!r}: {e}", code="INVALID_ARGUMENT")
+        raise Failed(f"interval {text!r}: {e}", code="INVALID_ARGUMENT") from e
 
 
 class Unit:
@@ -187,7 +186,7 @@ class Unit:
             grpc.channel_ready_future(self.client.channel).result(timeout=p["connect_timeout"])
         except grpc.FutureTimeoutError:
             raise Failed(f"endpoint {self.endpoint} is unreachable (no answer in {p['connect_timeout']}s)",
-                         code="UNAVAILABLE")
+                         code="UNAVAILABLE") from None
 
     def status(self):
         """The unit's status, or None when replication is not enabled for it at this site."""
@@ -198,7 +197,7 @@ class Unit:
             if e.code == grpc.StatusCode.NOT_FOUND and "not enabled" in e.message:
                 return None
             raise Failed(f"status of {self.kind} {self.name} at {self.endpoint}: {e.code.name}: {e.message}",
-                         code=e.code.name)
+                         code=e.code.name) from e
 
     def call(self, method, **fields):
         try:
@@ -206,7 +205,7 @@ class Unit:
                                           wait=self.wait)
         except RpcFailed as e:
             raise Failed(f"{method} of {self.kind} {self.name} at {self.endpoint} failed: "
-                         f"{e.code.name}: {e.message}", code=e.code.name, retryable=e.retryable)
+                         f"{e.code.name}: {e.message}", code=e.code.name, retryable=e.retryable) from e
 
     def need(self, before, what):
         if before is None:
@@ -284,7 +283,7 @@ class Unit:
                                          wait=self.wait)
         except RpcFailed as e:
             raise Failed(f"sync of {self.kind} {self.name} at {self.endpoint} failed: {e.code.name}: {e.message}",
-                         code=e.code.name, retryable=e.retryable)
+                         code=e.code.name, retryable=e.retryable) from e
         return not out["skipped"], "sync", {"sync": out}
 
     def status_only(self, before):

@@ -211,7 +211,6 @@ sys.exit(1 if bad else 0)
 
 
 def test_drill_verifies_clones_and_keeps_the_schedule(lab, ansible, tmp_path):
-    sa, sb = lab.sites["a"], lab.sites["b"]
     a, b = clients(lab)
     with a, b:
         vid = a.create_volume("drill", 64 << 20)["volume_id"]

@@ -1,0 +1,217 @@
+"""The worker side of replication: the bodies of the drsvc.<op> tasks.
+
+Each job takes a unit id, reloads its records, talks to the peer through the
+engine, and records every outcome durably (control.json, state.json). Jobs
+are safe to repeat: a task redelivered after a worker died converges.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ..config import SiteConfig
+from ..dispatch import Dispatcher
+from ..errors import DrsvcError, OperationInProgress, PreconditionFailed, ReplicaIsPrimary, StaleEpoch
+from ..transport import Peer
+from . import state as unit_state
+from .control import (Control, control_from_origin, control_lock, find_control, remove_control, save_control,
+                      update_control)
+
+log = logging.getLogger(__name__)
+
+
+class ReplicationJobs:
+    def __init__(self, cfg: SiteConfig, pool: Path, *, volumes, groups, node,
+                 peers: Callable[[str], Peer], dispatcher: Dispatcher | None):
+        self.cfg = cfg
+        self.pool = Path(pool)
+        self.volumes = volumes
+        self.groups = groups
+        self.node = node
+        self.peers = peers
+        self.dispatcher = dispatcher
+
+    # -- what a sync needs to know of this site ----------------------------------------
+    def _members(self, c: Control) -> list[str]:
+        if c.kind == "group":
+            g = self.groups.find(c.unit_id)
+            return list(g.volume_ids) if g else list(c.members)
+        return [c.unit_id]
+
+    def _mountpoints(self, members) -> list[str]:
+        return [mp for v in members if (mp := self.node.mountpoint(v))]
+
+    def _origin(self, c: Control) -> dict:
+        """What the peer must know to take over: sent with every delta."""
+        members = self._members(c)
+        vols = {}
+        for vid in members:
+            v = self.volumes.find_volume(vid)
+            if v is not None:
+                vols[vid] = {"name": v.name, "capacity_bytes": v.capacity_bytes, "fs_type": v.fs_type,
+                             "parameters": v.parameters, "group_id": v.group_id}
+        group = None
+        if c.kind == "group" and (g := self.groups.find(c.unit_id)) is not None:
+            group = {"name": g.name, "parameters": g.parameters, "max_volumes": g.max_volumes}
+        return {"site": self.cfg.site, "interval": c.interval, "start_time": c.start_time,
+                "bandwidth_limit": c.bandwidth_limit, "kind": c.kind, "volumes": vols, "group": group}
+
+    # -- jobs ------------------------------------------------------------------------------
+    def run_enable(self, unit_id: str, *, kind: str, members: list, peer: str, interval: int,
+                   start_time: float | None = None, bandwidth_limit: int = 0) -> dict:
+        st = unit_state.find_state(self.pool, unit_id)
+        if st is not None and st.role != "primary":
+            raise PreconditionFailed(f"{unit_id} is a secondary on site {self.cfg.site}; "
+                                     "enable replication where the volume is primary")
+        unit_state.ensure_unit(self.pool, unit_id, members, kind=kind, role="primary", peer=peer)
+        with control_lock(self.pool, unit_id):
+            c = find_control(self.pool, unit_id) or Control(unit_id=unit_id, kind=kind, members=members,
+                                                             peer=peer, enabled_at=time.time())
+            c.peer, c.interval, c.start_time, c.bandwidth_limit = peer, interval, start_time, bandwidth_limit
+            c.members = members
+            save_control(self.pool, c)
+        task = self.dispatcher.submit("sync", unit_id, {"trigger": "initial"})
+        log.info("replication of %s %s to %s enabled every %ss; initial sync queued (%s)",
+                 kind, unit_id, peer, interval, task)
+        return {"initial_sync_task": task}
+
+    def run_sync(self, unit_id: str, *, trigger: str = "schedule") -> dict:
+        c = find_control(self.pool, unit_id)
+        st = unit_state.find_state(self.pool, unit_id)
+        if c is None or st is None:
+            return {"skipped": "replication is not enabled"}
+        if st.role != "primary":
+            return {"skipped": f"{st.role} on this site"}
+        return self._sync(c, demote=False)
+
+    def _sync(self, c: Control, *, demote: bool) -> dict:
+        from .sender import sync_unit
+        members = self._members(c)
+        t0 = time.time()
+        peer = None
+        try:
+            peer = self.peers(c.peer)
+            report = sync_unit(self.pool, c.unit_id, members, peer, mountpoints=self._mountpoints(members),
+                               demote=demote, kind=c.kind,
+                               bwlimit=c.bandwidth_limit or None, origin=self._origin(c))
+        except OperationInProgress:
+            raise
+        except (ReplicaIsPrimary, StaleEpoch) as e:
+            conflict = (f"split brain: peer {c.peer} is primary too and refuses our deltas ({e.message}); "
+                        "demote this site and resync it from the peer")
+            self._record_failure(c.unit_id, t0, e.message, conflict=conflict)
+            raise
+        except DrsvcError as e:
+            self._record_failure(c.unit_id, t0, e.message)
+            raise
+        finally:
+            if peer is not None:
+                peer.close()
+        r = report.to_dict()
+
+        def ok(ctl: Control):
+            ctl.last_sync_time, ctl.last_sync_duration = r["started_at"], r["duration_s"]
+            ctl.last_sync_bytes, ctl.last_attempt = r["bytes_on_wire"], t0
+            ctl.consecutive_failures, ctl.last_error, ctl.conflict = 0, "", ""
+            ctl.syncs_total += 1
+        update_control(self.pool, c.unit_id, ok)
+        log.info("synced %s: generation %s -> %s, %d bytes on the wire in %.3fs (%s)", c.unit_id,
+                 r["base_generation"], r["target_generation"], r["bytes_on_wire"], r["duration_s"], r["mode"])
+        return {k: r[k] for k in ("base_generation", "target_generation", "bytes_on_wire", "bytes_changed",
+                                  "duration_s", "mode", "records", "resumed")}
+
+    def _record_failure(self, unit_id: str, t0: float, message: str, *, conflict: str = "") -> None:
+        def bad(ctl: Control):
+            ctl.last_attempt, ctl.last_error = t0, message
+            ctl.consecutive_failures += 1
+            ctl.failures_total += 1
+            ctl.conflict = conflict
+        update_control(self.pool, unit_id, bad)
+        log.warning("sync of %s failed: %s", unit_id, message)
+
+    def run_demote(self, unit_id: str, *, force: bool = False) -> dict:
+        c = find_control(self.pool, unit_id)
+        st = unit_state.get_state(self.pool, unit_id)
+        if st.role == "secondary":
+            return {"role": "secondary"}
+        try:
+            out = self._sync(c, demote=True)
+            log.info("demoted %s after a final sync to %s", unit_id, c.peer)
+            return {"role": "secondary", "final_sync": out}
+        except OperationInProgress:
+            raise
+        except DrsvcError as e:
+            # The peer does not hold our latest writes: demote anyway, but remember
+            # that this copy diverged so nothing is applied on top of it until a resync.
+            unit_state.mark_demoted(self.pool, unit_id)
+            unit_state.mark_diverged(self.pool, unit_id, True)
+            log.warning("demoted %s without a final sync (%s); it needs a resync", unit_id, e.message)
+            return {"role": "secondary", "final_sync": None, "diverged": True}
+
+    def run_promote(self, unit_id: str, *, force: bool = False) -> dict:
+        from .takeover import seed_base
+        st = unit_state.get_state(self.pool, unit_id)
+        if st.role == "primary":
+            return {"role": "primary", "epoch": st.epoch}
+        if not force:
+            if st.peer_demoted_at is None or st.peer_demoted_at != st.generation:
+                raise PreconditionFailed(
+                    f"the peer has not demoted {unit_id} at this site's generation {st.generation}"
+                    + (f" (it demoted at {st.peer_demoted_at})" if st.peer_demoted_at is not None else "")
+                    + "; demote it first, or promote with force")
+            if st.diverged or st.resync_requested:
+                raise PreconditionFailed(f"{unit_id} needs a resync before it can be promoted")
+        c = find_control(self.pool, unit_id) or control_from_origin(st)
+        if c is None:
+            raise PreconditionFailed(f"{unit_id} has no record of its peer; cannot become primary")
+        # the received images become the acked base, so the next sync ships only changes
+        seed_base(self.pool, unit_id)
+        st = unit_state.promote(self.pool, unit_id)
+        with control_lock(self.pool, unit_id):
+            c.enabled_at = time.time()
+            c.conflict, c.consecutive_failures = "", 0
+            save_control(self.pool, c)
+        log.info("promoted %s to primary at epoch %d (%s)", unit_id, st.epoch, "forced" if force else "planned")
+        return {"role": "primary", "epoch": st.epoch}
+
+    def run_resync(self, unit_id: str, *, force: bool = False) -> dict:
+        st = unit_state.get_state(self.pool, unit_id)
+        if st.role != "secondary":
+            raise PreconditionFailed(f"{unit_id} is not demoted; only a secondary resyncs")
+        if not (st.diverged or st.resync_requested):
+            return {"ready": True}
+        unit_state.request_resync(self.pool, unit_id)
+        return {"ready": False}
+
+    def run_disable(self, unit_id: str) -> dict:
+        from .remote import release_peer
+        from .sender import release_unit
+        c = find_control(self.pool, unit_id)
+        st = unit_state.find_state(self.pool, unit_id)
+        peer_released = None
+        if c is not None and st is not None and st.role == "primary":
+            peer = None
+            try:
+                peer = self.peers(c.peer)
+                release_peer(peer, unit_id, delete_image=False)
+                peer_released = True
+            except DrsvcError as e:
+                log.warning("could not release %s at peer %s (%s); its copy stays a secondary "
+                            "until released there", unit_id, c.peer, e.message)
+                peer_released = False
+            finally:
+                if peer is not None:
+                    peer.close()
+        deadline = time.monotonic() + 60
+        while True:          # a sync in flight holds the unit: wait for it to end
+            try:
+                release_unit(self.pool, unit_id)
+                break
+            except OperationInProgress:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        remove_control(self.pool, unit_id)
+        return {"peer_released": peer_released}

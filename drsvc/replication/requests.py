@@ -1,0 +1,122 @@
+"""The request side of replication (runs in the plugin).
+
+Each request validates, checks what can be checked from local records, and
+hands the operation to a Dispatcher (Celery at the edge), whose in-flight
+claim turns a concurrent, different operation on the unit into ABORTED. The
+work itself runs in a worker: drsvc.replication.jobs.
+"""
+from __future__ import annotations
+
+from .. import store
+from ..config import SiteConfig
+from ..dispatch import Dispatcher
+from ..errors import InvalidInput, InvalidParameter, PreconditionFailed
+from ..ids import check_name
+from ..model import MOUNT, Capability, ContentSource
+from ..schedule import parse_interval, parse_start_time
+from . import state as unit_state
+from .control import DEFAULT_INTERVAL, find_control
+from .layout import PoolLayout
+from .status import ReplicationStatus, Unit
+
+KNOWN_PARAMETERS = {"peer", "schedulingInterval", "schedulingStartTime", "bandwidthLimit"}
+CO_PREFIXES = ("replication.storage.openshift.io/", "csi.storage.k8s.io/", "csiaddons.openshift.io/")
+
+
+class ReplicationRequests:
+    def __init__(self, status: ReplicationStatus, cfg: SiteConfig, dispatcher: Dispatcher, *, volumes, node,
+                 rpc_wait: float = 20.0):
+        self.status = status
+        self.cfg = cfg
+        self.pool = status.pool
+        self.dispatcher = dispatcher
+        self.volumes = volumes
+        self.node = node
+        self.rpc_wait = rpc_wait
+
+    def _run(self, op: str, unit: Unit, **kwargs) -> dict:
+        return self.dispatcher.run(op, unit.unit_id, kwargs, wait=self.rpc_wait)
+
+    def enable(self, unit: Unit, params: dict) -> None:
+        unknown = sorted(k for k in params if k not in KNOWN_PARAMETERS and not k.startswith(CO_PREFIXES))
+        if unknown:
+            raise InvalidParameter(key=unknown[0], reason=f"unknown parameter; known: {sorted(KNOWN_PARAMETERS)}")
+        peer = self.cfg.peer(params.get("peer", "")).name
+        interval = parse_interval(params.get("schedulingInterval", f"{DEFAULT_INTERVAL}s"))
+        start = parse_start_time(params.get("schedulingStartTime", ""))
+        bw = params.get("bandwidthLimit", "0")
+        if not bw.isdigit():
+            raise InvalidParameter(key="bandwidthLimit", reason="bytes per second, a whole number")
+        if unit.kind == "volume":
+            vol = self.volumes.get_volume(unit.unit_id)
+            if vol.group_id:
+                raise InvalidInput(f"volume {unit.unit_id} belongs to volume group {vol.group_id}: "
+                                   "replicate the group")
+        elif not unit.members:
+            raise PreconditionFailed(f"volume group {unit.unit_id} has no volumes")
+        c = find_control(self.pool, unit.unit_id)
+        if c is not None and (c.peer, c.interval) == (peer, interval):
+            return                                   # idempotent: already enabled alike
+        self._run("enable", unit, kind=unit.kind, members=list(unit.members), peer=peer,
+                  interval=interval, start_time=start, bandwidth_limit=int(bw))
+
+    def disable(self, unit: Unit, params: dict) -> None:
+        if not self.status.is_enabled(unit.unit_id):
+            return
+        self._run("disable", unit)
+
+    # Promote and demote always go through the dispatcher, even when they would be
+    # no-ops: the in-flight claim is what turns a concurrent, different operation
+    # on the unit into ABORTED. The worker side returns at once when nothing is to do.
+    def promote(self, unit: Unit, *, force: bool) -> None:
+        self.status.require_enabled(unit)
+        self._run("promote", unit, force=force)
+
+    def demote(self, unit: Unit, *, force: bool) -> None:
+        self.status.require_enabled(unit)
+        for vid in unit.members:
+            node_state = self.node.find_state(vid)
+            targets = node_state.targets if node_state else {}
+            writers = [t for t, o in targets.items() if not o.get("readonly")]
+            if writers:
+                raise PreconditionFailed(f"volume {vid} is published read-write at {writers[0]}; "
+                                         "stop its writers and unpublish it before demoting")
+        self._run("demote", unit, force=force)
+
+    def resync(self, unit: Unit, *, force: bool) -> bool:
+        self.status.require_enabled(unit)
+        st = unit_state.find_state(self.pool, unit.unit_id)
+        if st is None or st.role != "secondary":
+            raise PreconditionFailed(f"{unit.kind} {unit.unit_id} is not demoted; only a secondary resyncs")
+        if not (st.diverged or st.resync_requested):
+            return True                       # consistent with the primary's last generation
+        if st.resync_requested:
+            return False                      # waiting for the primary's compare sync
+        return bool(self._run("resync", unit, force=force).get("ready"))
+
+    def sync_now(self, unit: Unit, *, wait: float | None = None) -> dict:
+        self.status.require_enabled(unit)
+        return self.dispatcher.run("sync", unit.unit_id, {"trigger": "manual"},
+                                   wait=self.rpc_wait if wait is None else wait)
+
+    def clone_replica(self, unit: Unit, prefix: str) -> tuple[int, list]:
+        """Consistent read-write clones of the latest replicated generation (for drills).
+
+        The receiver's unit lock keeps deltas out while the reflinks are taken,
+        so every member is cloned at the same generation; replication goes on
+        afterwards untouched."""
+        from .receiver import recover
+        check_name(prefix, "name_prefix")
+        self.status.require_enabled(unit)
+        layout = PoolLayout(self.pool)
+        with store.file_lock(layout.lock_path(unit.unit_id), blocking=True, key=unit.unit_id):
+            recover(layout, unit.unit_id)          # finish a committed delta first
+            st = unit_state.get_state(self.pool, unit.unit_id)
+            clones = []
+            for vid in unit.members:
+                src = self.volumes.get_volume(vid)
+                clones.append(self.volumes.create_volume(
+                    f"{prefix}-{src.name}"[:128], required_bytes=src.capacity_bytes,
+                    capabilities=[Capability(MOUNT, "SINGLE_NODE_WRITER")],
+                    source=ContentSource("volume", vid)))
+            return st.generation, clones

@@ -1,0 +1,140 @@
+"""The replication read model: which units replicate here, their role and health.
+
+Reads the pool's durable records only (control.json and the receiver's
+state.json), so the servicers, the CLI's Admin service and /metrics use it
+without a dispatcher or a peer.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import NotFound, PreconditionFailed
+from ..ids import check_id
+from ..schedule import assess
+from . import state as unit_state
+from .control import Control, control_from_origin, find_control
+from .layout import PoolLayout
+
+
+@dataclass(frozen=True)
+class Unit:
+    kind: str                  # "volume" | "group"
+    unit_id: str
+    members: tuple
+
+
+@dataclass(frozen=True)
+class Info:
+    role: str
+    epoch: int
+    generation: int
+    peer: str
+    interval: int
+    last_sync_time: float
+    last_sync_duration: float
+    last_sync_bytes: int
+    status: str
+    status_message: str
+    lag_seconds: float
+    missed_intervals: int
+    consecutive_failures: int
+    failures_total: int
+
+
+@dataclass(frozen=True)
+class Schedule:
+    unit_id: str
+    interval: int
+    start_time: float | None
+
+
+def is_enabled(pool: Path, unit_id: str) -> bool:
+    """Replication exists here: enabled at this site, or a replica received from the peer."""
+    return find_control(pool, unit_id) is not None or unit_state.find_state(pool, unit_id) is not None
+
+
+def list_schedules(pool: Path) -> list[Schedule]:
+    """Units this site must sync on a schedule: enabled and primary here."""
+    out = []
+    root = PoolLayout(pool).replication
+    for path in sorted(root.glob("*/control.json")) if root.exists() else []:
+        c = find_control(pool, path.parent.name)
+        st = unit_state.find_state(pool, path.parent.name)
+        if c is not None and st is not None and st.role == "primary":
+            out.append(Schedule(c.unit_id, c.interval, c.start_time))
+    return out
+
+
+class ReplicationStatus:
+    """Lookups and status of one site's replication units."""
+
+    def __init__(self, site_id: str, pool: Path, volumes, groups):
+        self.site_id = site_id
+        self.pool = Path(pool)
+        self.volumes = volumes
+        self.groups = groups
+
+    def resolve(self, kind: str, ident: str) -> Unit:
+        if kind == "group":
+            g = self.groups.get(check_id(ident, "volume_group_id"))
+            return Unit("group", g.group_id, tuple(g.volume_ids))
+        vol = self.volumes.get_volume(ident)
+        return Unit("volume", vol.volume_id, (vol.volume_id,))
+
+    def is_enabled(self, unit_id: str) -> bool:
+        return is_enabled(self.pool, unit_id)
+
+    def require_enabled(self, unit: Unit) -> Control | None:
+        if not self.is_enabled(unit.unit_id):
+            raise PreconditionFailed(f"replication is not enabled for {unit.kind} {unit.unit_id}")
+        return find_control(self.pool, unit.unit_id)
+
+    def info(self, unit: Unit) -> Info:
+        """GetVolumeReplicationInfo: answered by the primary only."""
+        self.require_enabled(unit)
+        st = unit_state.find_state(self.pool, unit.unit_id)
+        if st is None or st.role != "primary":
+            raise PreconditionFailed(f"{unit.kind} {unit.unit_id} is not primary on site {self.site_id}")
+        return self.describe(unit.unit_id)
+
+    def describe(self, unit_id: str) -> Info:
+        """Status for operators, on either role (the CLI and /metrics use it)."""
+        st = unit_state.find_state(self.pool, unit_id)
+        c = find_control(self.pool, unit_id) or (control_from_origin(st) if st else None)
+        if c is None:
+            raise NotFound(f"replication is not enabled for {unit_id}")
+        role = st.role if st else "primary"
+        if role == "primary":
+            h = assess(now=time.time(), interval=c.interval, enabled_at=c.enabled_at,
+                       last_success=c.last_sync_time + c.last_sync_duration if c.last_sync_time else 0,
+                       consecutive_failures=c.consecutive_failures, last_error=c.last_error,
+                       conflict=c.conflict)
+            status, message, lag, missed = h.status, h.message, h.lag_seconds, h.missed_intervals
+        else:
+            status, lag, missed = "HEALTHY", 0.0, 0
+            message = f"secondary at generation {st.generation if st else 0}"
+            if st is not None and st.diverged:
+                status, message = "DEGRADED", ("demoted with writes the peer does not hold; "
+                                               "ResyncVolume discards them and follows the primary")
+            if st is not None and st.resync_requested:
+                status, message = "DEGRADED", "resync requested; waiting for the primary's next sync"
+        return Info(role=role, epoch=st.epoch if st else 0, generation=st.generation if st else 0,
+                    peer=c.peer, interval=c.interval, last_sync_time=c.last_sync_time,
+                    last_sync_duration=c.last_sync_duration, last_sync_bytes=c.last_sync_bytes,
+                    status=status, status_message=message, lag_seconds=lag, missed_intervals=missed,
+                    consecutive_failures=c.consecutive_failures, failures_total=c.failures_total)
+
+    def units(self) -> list[str]:
+        root = PoolLayout(self.pool).replication
+        if not root.exists():
+            return []
+        return sorted({p.parent.name for pat in ("*/control.json", "*/state.json") for p in root.glob(pat)})
+
+    def kind_of(self, unit_id: str) -> tuple[str, list]:
+        st = unit_state.find_state(self.pool, unit_id)
+        c = find_control(self.pool, unit_id)
+        if st is not None:
+            return st.kind, list(st.members)
+        return (c.kind, list(c.members)) if c else ("volume", [unit_id])
