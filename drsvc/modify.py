@@ -19,12 +19,12 @@ from . import store
 from .errors import InvalidParameter, ParameterNotMutable, PoolFull
 from .ids import check_id, check_map
 from .model import Volume
+from .replication.requests import KNOWN_PARAMETERS as REPLICATION_CLASS_KEYS
 from .volumes import VolumeService
 
 log = logging.getLogger(__name__)
 MUTABLE = {"preallocate": ("true", "false")}
-# the keys of a VolumeReplicationClass (drsvc.replication's parameters and the CO's prefix)
-REPLICATION_CLASS_KEYS = {"peer", "schedulingInterval", "schedulingStartTime", "bandwidthLimit"}
+# a VolumeReplicationClass's keys: drsvc.replication's parameters, and the CO's prefix
 REPLICATION_CLASS_PREFIX = "replication.storage.openshift.io/"
 
 

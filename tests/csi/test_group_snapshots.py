@@ -139,6 +139,19 @@ def test_block_member_in_use_is_refused(plugin, paths):
 SNAPSHOTS = 6
 
 
+def _fragment(image: Path) -> None:
+    """Every other 4 KiB block of the image's upper half written before mkfs (which
+    keeps them: nodiscard): thousands of extents, so each reflink takes a while and
+    a capture that is not one instant would let the writer move on between members."""
+    fd = os.open(image, os.O_WRONLY)
+    try:
+        for off in range(32 * MiB, 64 * MiB, 8192):
+            os.pwrite(fd, b"\xa5" * 4096, off)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _write_counter(path: Path, n: int) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
     try:
@@ -154,6 +167,7 @@ def test_group_snapshot_keeps_a_cross_volume_invariant(plugin, paths):
     vols, targets = [], []
     for i in range(3):
         vid = plugin.create(f"inv{i}", 64 * MiB).volume_id
+        _fragment(plugin.pool / "images" / f"{vid}.img")
         staging, target = paths(f"inv{i}")
         plugin.stage(vid, staging)
         plugin.publish(vid, staging, target)
