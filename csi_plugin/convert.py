@@ -69,4 +69,4 @@ def timestamp(seconds: float) -> Timestamp:
 def snapshot(s: Snapshot) -> csi_pb2.Snapshot:
     return csi_pb2.Snapshot(snapshot_id=s.snapshot_id, source_volume_id=s.source_volume_id,
                             size_bytes=s.size_bytes, creation_time=timestamp(s.created_at),
-                            ready_to_use=s.state == "ready")
+                            ready_to_use=s.state == "ready", group_snapshot_id=s.group_snapshot_id)

@@ -4,7 +4,9 @@ from __future__ import annotations
 import drsvc
 from drsvc.ids import check_id, check_map
 from drsvc.errors import MissingField
+from drsvc.modify import VolumeModifier, check_mutable
 from drsvc.site import Site
+from drsvc import snapshots
 
 from . import convert
 from .errors import rpc
@@ -16,7 +18,7 @@ NCap = csi_pb2.NodeServiceCapability.RPC.Type
 CONTROLLER_CAPS = [CCap.CREATE_DELETE_VOLUME, CCap.LIST_VOLUMES, CCap.GET_CAPACITY,
                    CCap.CREATE_DELETE_SNAPSHOT, CCap.LIST_SNAPSHOTS, CCap.CLONE_VOLUME,
                    CCap.EXPAND_VOLUME, CCap.VOLUME_CONDITION, CCap.GET_VOLUME,
-                   CCap.SINGLE_NODE_MULTI_WRITER]
+                   CCap.SINGLE_NODE_MULTI_WRITER, CCap.GET_SNAPSHOT, CCap.MODIFY_VOLUME]
 NODE_CAPS = [NCap.STAGE_UNSTAGE_VOLUME, NCap.GET_VOLUME_STATS, NCap.EXPAND_VOLUME,
              NCap.VOLUME_CONDITION, NCap.SINGLE_NODE_MULTI_WRITER]
 
@@ -41,6 +43,8 @@ class Identity(csi_pb2_grpc.IdentityServicer):
         return csi_pb2.GetPluginCapabilitiesResponse(capabilities=[
             P(service=P.Service(type=P.Service.CONTROLLER_SERVICE)),
             P(service=P.Service(type=P.Service.VOLUME_ACCESSIBILITY_CONSTRAINTS)),
+            P(service=P.Service(type=P.Service.GROUP_CONTROLLER_SERVICE)),
+            P(service=P.Service(type=P.Service.SNAPSHOT_METADATA_SERVICE)),
             P(volume_expansion=P.VolumeExpansion(type=P.VolumeExpansion.ONLINE)),
         ])
 
@@ -60,12 +64,15 @@ class Controller(csi_pb2_grpc.ControllerServicer):
     def CreateVolume(self, req, context):
         _secrets(req)
         reqs = req.accessibility_requirements
+        mutable = check_mutable(dict(req.mutable_parameters))     # refused before anything is created
         vol = self.site.create_volume(
             req.name, required_bytes=req.capacity_range.required_bytes,
             limit_bytes=req.capacity_range.limit_bytes,
             capabilities=convert.capabilities(req.volume_capabilities),
             parameters=dict(req.parameters), source=convert.content_source(req),
             requisite=convert.topologies(reqs.requisite), preferred=convert.topologies(reqs.preferred))
+        if mutable:
+            vol = VolumeModifier(self.site.volumes).modify(vol.volume_id, mutable)
         return csi_pb2.CreateVolumeResponse(volume=convert.volume(vol))
 
     @rpc
@@ -141,8 +148,20 @@ class Controller(csi_pb2_grpc.ControllerServicer):
     @rpc
     def DeleteSnapshot(self, req, context):
         _secrets(req)
-        self.site.volumes.delete_snapshot(req.snapshot_id)
+        snapshots.delete_snapshot(self.site.volumes, req.snapshot_id)
         return csi_pb2.DeleteSnapshotResponse()
+
+    @rpc
+    def GetSnapshot(self, req, context):
+        _secrets(req)
+        snap = snapshots.find_snapshot_any_state(self.site.volumes, req.snapshot_id)
+        return csi_pb2.GetSnapshotResponse(snapshot=convert.snapshot(snap))
+
+    @rpc
+    def ControllerModifyVolume(self, req, context):
+        _secrets(req)
+        VolumeModifier(self.site.volumes).modify(req.volume_id, dict(req.mutable_parameters))
+        return csi_pb2.ControllerModifyVolumeResponse()
 
     @rpc
     def ListSnapshots(self, req, context):

@@ -17,20 +17,24 @@ from drsvc.site import Site
 
 from drsvc.config import load as load_config, socket_path
 
-from . import addons_servicers, admin_servicer, csi_servicers
+from . import addons_servicers, admin_servicer, csi_servicers, group_servicer, snapshot_metadata_servicer
 from .gen import admin_pb2_grpc, csi_pb2, csi_pb2_grpc, identity_pb2_grpc, replication_pb2_grpc, volumegroup_pb2_grpc
 from .interceptors import LoggingInterceptor
 
 log = logging.getLogger("csi_plugin")
 
 
-def build_server(site: Site, sock: Path, *, max_workers: int = 16) -> grpc.Server:
+def build_server(site: Site, sock: Path, *, max_workers: int = 16, block_metadata: str = "variable") -> grpc.Server:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
                          interceptors=[LoggingInterceptor()])
     csi_pb2_grpc.add_IdentityServicer_to_server(csi_servicers.Identity(site), server)
     csi_pb2_grpc.add_ControllerServicer_to_server(csi_servicers.Controller(site), server)
     csi_pb2_grpc.add_NodeServicer_to_server(csi_servicers.Node(site), server)
-    names = [csi_pb2.DESCRIPTOR.services_by_name[s].full_name for s in ("Identity", "Controller", "Node")]
+    csi_pb2_grpc.add_GroupControllerServicer_to_server(group_servicer.GroupController(site), server)
+    csi_pb2_grpc.add_SnapshotMetadataServicer_to_server(
+        snapshot_metadata_servicer.SnapshotMetadata(site, block_metadata), server)
+    names = [csi_pb2.DESCRIPTOR.services_by_name[s].full_name
+             for s in ("Identity", "Controller", "Node", "GroupController", "SnapshotMetadata")]
     replicating = site.replication is not None
     identity_pb2_grpc.add_IdentityServicer_to_server(addons_servicers.AddonsIdentity(site, replicating), server)
     volumegroup_pb2_grpc.add_ControllerServicer_to_server(addons_servicers.VolumeGroupController(site), server)
@@ -65,6 +69,9 @@ def main(argv=None) -> int:
     ap.add_argument("--site", default=os.environ.get("DRSVC_SITE", "local"), help="site name (topology)")
     ap.add_argument("--config", default=os.environ.get("DRSVC_CONFIG"),
                     help="site config (TOML); enables replication through the site's Celery workers")
+    ap.add_argument("--block-metadata", choices=sorted(snapshot_metadata_servicer.STYLES),
+                    default=os.environ.get("DRSVC_BLOCK_METADATA", "variable"),
+                    help="SnapshotMetadata stream style: variable (merged extents) or fixed (4 KiB blocks)")
     ap.add_argument("--log-level", default=os.environ.get("DRSVC_LOG_LEVEL", "INFO"))
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
@@ -83,7 +90,7 @@ def main(argv=None) -> int:
     if not endpoint:
         ap.error("--endpoint or CSI_ENDPOINT is required")
     sock = socket_path(endpoint)
-    server = build_server(site, sock)
+    server = build_server(site, sock, block_metadata=args.block_metadata)
     server.start()
     log.info("serving CSI on unix://%s (pool %s, node %s, site %s%s)", sock, site.pool.root,
              site.node_id, site.pool.site, ", replication on" if site.replication else "")

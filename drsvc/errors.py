@@ -283,3 +283,46 @@ class BrokerUnreachable(Unavailable):
 
 class WorkerFailed(InternalError):
     template = "{op} of {unit_id} failed in the worker: {reason}"
+
+
+# -- CSI snapshots, group snapshots, volume modification (issue 12) -----------
+class GroupSnapshotNotFound(NotFound):
+    template = "volume group snapshot {group_snapshot_id!r} does not exist"
+
+
+class GroupSnapshotExists(Conflict):
+    template = "volume group snapshot named {name!r} exists with different {reason}"
+
+
+class SnapshotListMismatch(InvalidInput):
+    template = "snapshot_ids do not match volume group snapshot {group_snapshot_id!r}: {reason}"
+
+
+class SnapshotInGroup(InvalidInput):
+    template = ("snapshot {snapshot_id!r} is part of volume group snapshot {group_snapshot_id!r}; "
+                "delete the group snapshot instead")
+
+
+class NotGroupConsistent(PreconditionFailed):
+    template = "volumes cannot be snapshotted together at one instant: {reason}"
+
+
+class ParameterNotMutable(InvalidInput):
+    template = "parameter {key!r} cannot be modified here: {reason}"
+
+
+class StartingOffsetOutOfRange(OutOfRange):
+    template = "starting_offset {offset} is outside the snapshot's {size} bytes"
+
+
+class SnapshotsOfDifferentVolumes(InvalidInput):
+    template = ("base snapshot {base!r} is of volume {base_volume!r}, target snapshot {target!r} of "
+                "volume {target_volume!r}: a delta needs two snapshots of the same volume")
+
+
+class BaseNewerThanTarget(InvalidInput):
+    template = "base snapshot {base!r} was taken after target snapshot {target!r}"
+
+
+class MaxResultsNegative(InvalidInput):
+    template = "max_results must not be negative, got {value}"

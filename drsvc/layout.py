@@ -10,6 +10,7 @@ name, so no path escapes the pool::
     names/<kind>-<sha256>.json                  client name -> id index
     node/<volume_id>.json                       node stage/publish state
     groups/<group_id>.json                      volume groups
+    group_snapshots/<id>.json                   volume group snapshots (members live in snapshots/)
     locks/<key>.lock                            flock files (per volume, per name)
     replication/<unit_id>/state.json            UnitState (drsvc.replication.state)
     replication/<unit_id>/control.json          this site's settings and outcomes (replication.control)
@@ -23,7 +24,8 @@ from pathlib import Path
 from . import ids
 from .errors import InvalidName
 
-SUBDIRS = ("images", "volumes", "snapshots", "names", "node", "locks", "replication", "groups")
+SUBDIRS = ("images", "volumes", "snapshots", "names", "node", "locks", "replication", "groups",
+           "group_snapshots")
 
 
 def check_id(value, what: str = "unit id") -> str:
@@ -71,6 +73,9 @@ class PoolLayout:
 
     def group_meta(self, group_id: str) -> Path:
         return self.root / "groups" / f"{check_id(group_id, 'volume_group_id')}.json"
+
+    def group_snapshot_meta(self, group_snapshot_id: str) -> Path:
+        return self.root / "group_snapshots" / f"{check_id(group_snapshot_id, 'group_snapshot_id')}.json"
 
     def lock(self, key: str) -> Path:
         return self.root / "locks" / f"{key}.lock"

@@ -36,6 +36,7 @@ class Volume:
     topology: dict = field(default_factory=dict)
     group_id: str = ""
     created_at: float = 0.0
+    mutable_parameters: dict = field(default_factory=dict)   # set by ControllerModifyVolume
 
     def to_doc(self) -> dict:
         return asdict(self)

@@ -72,6 +72,9 @@ class Pool:
     def group_meta(self, group_id: str) -> Path:
         return self.layout.group_meta(group_id)
 
+    def group_snapshot_meta(self, group_snapshot_id: str) -> Path:
+        return self.layout.group_snapshot_meta(group_snapshot_id)
+
     def staging_image(self, final: Path) -> Path:
         return self.layout.staging_image(final)
 

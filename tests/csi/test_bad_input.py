@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 
 import grpc
-import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from csi_plugin.gen import csi_pb2
@@ -52,10 +51,11 @@ def top_level(root: Path) -> set:
 
 
 ALLOWED_POOL = re.compile(
-    r"^(pool\.json|images|volumes|snapshots|names|node|locks|replication|groups"
+    r"^(pool\.json|images|volumes|snapshots|names|node|locks|replication|groups|group_snapshots"
     r"|images/vol-[0-9a-f]{24}\.img|volumes/vol-[0-9a-f]{24}\.json"
-    r"|snapshots/snap-[0-9a-f]{24}\.(img|json)|names/(volume|snapshot)-[0-9a-f]{40}\.json"
-    r"|node/vol-[0-9a-f]{24}\.json|locks/((vol|snap)-[0-9a-f]{24}|(volume|snapshot)-[0-9a-f]{40})\.lock)$")
+    r"|snapshots/snap-[0-9a-f]{24}\.(img|json)|names/(volume|snapshot|group-snapshot)-[0-9a-f]{40}\.json"
+    r"|group_snapshots/gsnap-[0-9a-f]{24}\.json"
+    r"|node/vol-[0-9a-f]{24}\.json|locks/((vol|snap|gsnap)-[0-9a-f]{24}|(volume|snapshot|group-snapshot)-[0-9a-f]{40})\.lock)$")
 
 
 def cases(vol_id: str, snap_id: str, staged: str, staging: Path, target: Path):

@@ -50,9 +50,9 @@ class Requests:
     def string(self, name: str):
         if name.endswith("path"):
             return self.paths
-        if name in ("volume_id", "source_volume_id", "volume_ids"):
+        if name in ("volume_id", "source_volume_id", "volume_ids", "source_volume_ids"):
             return self._ids("volume")
-        if name == "snapshot_id":
+        if name in ("snapshot_id", "snapshot_ids", "base_snapshot_id", "target_snapshot_id"):
             return self._ids("snapshot")
         if name == "volume_group_id":
             return self._ids("group")

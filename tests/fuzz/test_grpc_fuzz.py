@@ -57,11 +57,16 @@ def outside_state(lab) -> dict:
 
 
 def _call(channel, service, method, req):
-    rpc = channel.unary_unary(f"/{service}/{method.name}",
-                              request_serializer=lambda m: m.SerializeToString(),
-                              response_deserializer=message_class(method.output_type).FromString)
+    # server-streaming methods (SnapshotMetadata) are read to the end of the stream
+    factory = channel.unary_stream if method.server_streaming else channel.unary_unary
+    rpc = factory(f"/{service}/{method.name}",
+                  request_serializer=lambda m: m.SerializeToString(),
+                  response_deserializer=message_class(method.output_type).FromString)
     try:
-        rpc(req, timeout=40)
+        reply = rpc(req, timeout=40)
+        if method.server_streaming:
+            for _ in reply:
+                pass
         return C.OK, ""
     except grpc.RpcError as e:
         return e.code(), e.details()
