@@ -17,9 +17,7 @@ import errno
 import logging
 import os
 import shutil
-import threading
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,11 +30,12 @@ from ..host.reflink import clone_file, data_ranges
 from . import plan as planner
 from .blockmap import DEFAULT_BLOCK_SIZE, BlockMap, EmptyMap, check_block_size, copy_map
 from .delta import AdaptiveCodec, PlanWriter, ScanStats, manifest_of, scan_member, stream_records
-from .faults import failpoint
 from .layout import PoolLayout, check_id
+from .driver import drive
 from .remote import ApplySession
 from .report import SyncReport
 from .state import UnitState, find_state, save_state
+from .steps import Job
 
 log = logging.getLogger(__name__)
 MODES = ("delta", "compare")
@@ -54,7 +53,7 @@ def _rmtree(path: Path) -> None:
         store.fsync_dir(path.parent)
 
 
-def _load_pending(layout: PoolLayout, unit_id: str, acked: int) -> Prepared | None:
+def load_pending(layout: PoolLayout, unit_id: str, acked: int) -> Prepared | None:
     d = layout.snap_dir(unit_id, acked + 1)
     meta = store.read_doc(d / "meta.json")
     if meta is None or not meta.get("complete"):
@@ -62,8 +61,9 @@ def _load_pending(layout: PoolLayout, unit_id: str, acked: int) -> Prepared | No
     return Prepared(d, meta)
 
 
-def _sweep(layout: PoolLayout, unit_id: str, keep: set) -> None:
+def sweep(layout: PoolLayout, unit_id: str, acked: int, pending) -> None:
     """Remove snapshot dirs that are neither the acked base nor the pending generation."""
+    keep = {str(acked)} | ({str(acked + 1)} if pending else set())
     root = layout.snap_root(unit_id)
     if not root.exists():
         return
@@ -180,7 +180,7 @@ def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int,
     return Prepared(tmp, meta)
 
 
-def _adopt(layout: PoolLayout, st: UnitState, prepared: Prepared, *, epoch: int, peer_name: str,
+def adopt(layout: PoolLayout, st: UnitState, prepared: Prepared, *, epoch: int, peer_name: str,
            demote: bool = False, report: dict | None = None) -> None:
     """Record that the peer holds the prepared generation; it becomes the new base."""
     meta = prepared.meta
@@ -204,7 +204,7 @@ def _adopt(layout: PoolLayout, st: UnitState, prepared: Prepared, *, epoch: int,
 def sync_unit(pool, unit_id: str, members, peer, *, mountpoints=(), epoch: int | None = None,
               demote: bool = False, mode: str = "delta", kind: str | None = None,
               block_size: int | None = None, bwlimit: float | None = None,
-              compress: str = "auto", origin: dict | None = None) -> SyncReport:
+              compress: str = "auto", origin: dict | None = None, attempts: int = 1) -> SyncReport:
     """Replicate one volume or group to *peer* and return the report (also kept in state.json).
 
     members: the volume ids of the unit (one for a volume unit). mountpoints:
@@ -212,6 +212,7 @@ def sync_unit(pool, unit_id: str, members, peer, *, mountpoints=(), epoch: int |
     the unit's). demote: carry a planned-failover demotion mark and make this
     site secondary once the peer commits. mode "compare": diff against the
     peer's block hashes instead of our acked snapshot (resync after split brain).
+    attempts: how many times to plan and run again after a lost connection.
     """
     if mode not in MODES:
         raise InvalidParameter(key="mode", reason=f"must be one of {MODES}")
@@ -227,122 +228,35 @@ def sync_unit(pool, unit_id: str, members, peer, *, mountpoints=(), epoch: int |
     report = SyncReport(unit_id=unit_id, mode=mode, started_at=time.time(), members=list(members))
     t0 = time.monotonic()
     with store.file_lock(layout.lock_path(unit_id), blocking=False, key=unit_id):
-        st = find_state(pool, unit_id)
-        if st is None:
-            st = UnitState(unit_id=unit_id, members=list(members), role="primary",
-                           kind=kind or ("volume" if members == [unit_id] else "group"),
-                           block_size=check_block_size(block_size or DEFAULT_BLOCK_SIZE))
-        elif kind:
-            st.kind = kind
-        if st.role != "primary":
-            raise NotPrimary(unit_id=unit_id, role=st.role)
-        if epoch is None:
-            epoch = st.epoch
-        elif epoch < st.epoch:
-            raise StaleEpoch(unit_id=unit_id, epoch=epoch, have=st.epoch)
-        if st.generation == 0 and block_size:
-            st.block_size = check_block_size(block_size)
-        bs = st.block_size
-        report.epoch = epoch
-        pending = _load_pending(layout, unit_id, st.generation)
-        keep = {str(st.generation)} | ({str(st.generation + 1)} if pending else set())
-        _sweep(layout, unit_id, keep)
-
-        # Connect (SSH handshake, receiver start, status request) in a thread while
-        # this one captures and plans: both take ~0.1-0.4 s and mostly wait on others.
-        opened: dict = {}
-
-        def _open():
-            try:
-                sess = ApplySession(peer, unit_id, bwlimit=bwlimit)
-                opened["session"] = sess
-                sess.request_status()
-            except BaseException as e:  # re-raised in the caller's thread
-                opened["error"] = e
-
-        opener = threading.Thread(target=_open, name=f"connect-{unit_id}", daemon=True)
-        opener.start()
-        session = None
-        early = None
-        try:
-            try:
-                if pending is None and mode == "delta":
-                    # capture and plan while the peer starts its receiver and replies
-                    early = prepare(layout, st, members, mountpoints=mountpoints, bs=bs,
-                                    txid=uuid.uuid4().hex, target=st.generation + 1,
-                                    base_generation=st.generation, mode="delta")
-            finally:
-                opener.join()
-                session = opened.get("session")
-            if "error" in opened:
-                raise opened["error"]
-            peer_st = session.read_status()
-            report.phases["connect_s"] = round(time.monotonic() - t0, 4)
-            pend = (planner.Pending(pending.meta["generation"], pending.meta["txid"],
-                                    tuple(m["volume_id"] for m in pending.meta["members"]))
-                    if pending else None)
-            steps = planner.reconcile(unit_id, st.generation, pend, peer_st, members, mode)
-            report.steps = steps
-            prepared = None
-            for step in steps:
-                if step == "finalize":
-                    _adopt(layout, st, pending, epoch=epoch, peer_name=peer.name)
-                    pending = None
-                    if early is not None:   # planned against the old base
-                        _rmtree(early.dir)
-                        early = None
-                elif step == "discard":
-                    _rmtree(pending.dir)
-                    pending = None
-                elif step == "resume":
-                    prepared, report.resumed = pending, True
-                elif step == "sync":
-                    prepared, early = early, None
-                    if prepared is None:
-                        prepared = prepare(layout, st, members, mountpoints=mountpoints, bs=bs,
-                                           txid=uuid.uuid4().hex, target=st.generation + 1,
-                                           base_generation=st.generation, mode="delta")
-                elif step == "compare":
-                    if early is not None:
-                        _rmtree(early.dir)
-                        early = None
-                    txid = uuid.uuid4().hex
-                    maps_dir = layout.snap_root(unit_id) / f"tmp-maps-{txid}"
-                    maps_dir.mkdir()
-                    try:
-                        maps = session.fetch_maps(members, bs, maps_dir)
-                        peer_gen = int(peer_st.get("generation") or 0)
-                        prepared = prepare(layout, st, members, mountpoints=mountpoints, bs=bs,
-                                           txid=txid, target=max(st.generation, peer_gen) + 1,
-                                           base_generation=peer_gen, mode="compare", peer_maps=maps)
-                    finally:
-                        shutil.rmtree(maps_dir, ignore_errors=True)
-            report.phases["prepare_s"] = round(time.monotonic() - t0 - report.phases["connect_s"], 4)
-            meta = prepared.meta
-            report.mode = meta["mode"]        # the planner may have switched to compare
-            if prepared.dir.name != str(meta["generation"]):
-                # the intent: from here on this generation may exist at the peer
-                final = layout.snap_dir(unit_id, meta["generation"])
-                _rmtree(final)
-                os.rename(prepared.dir, final)
-                store.fsync_dir(final.parent)
-                prepared = Prepared(final, meta)
-            _stream(session, prepared, report, unit_id=unit_id, epoch=epoch, demote=demote,
-                    kind=st.kind, peer_name=peer.name, compress=compress, origin=origin)
-            failpoint("sender.after_commit")
-            report.duration_s = time.monotonic() - t0
-            _adopt(layout, st, prepared, epoch=epoch, peer_name=peer.name, demote=demote,
-                   report=report.to_dict())
-        finally:
-            if early is not None:
-                shutil.rmtree(early.dir, ignore_errors=True)
-            if session is not None:
-                session.close()
+        st = _primary_state(pool, unit_id, members, kind=kind, epoch=epoch, block_size=block_size)
+        report.epoch = epoch = st.epoch if epoch is None else epoch
+        job = Job(layout, unit_id, members, peer, mountpoints=tuple(mountpoints), epoch=epoch,
+                  demote=demote, mode=mode, compress=compress, bwlimit=bwlimit, origin=origin)
+        drive(job, lambda: _primary_state(pool, unit_id, members, kind=kind, epoch=epoch,
+                                          block_size=block_size), report, attempts=attempts)
     report.duration_s = time.monotonic() - t0
     return report
 
 
-def _stream(session: ApplySession, prepared: Prepared, report: SyncReport, *, unit_id, epoch,
+def _primary_state(pool, unit_id, members, *, kind, epoch, block_size) -> UnitState:
+    """The unit's state, checked: this site is primary and *epoch* is not stale."""
+    st = find_state(pool, unit_id)
+    if st is None:
+        st = UnitState(unit_id=unit_id, members=list(members), role="primary",
+                       kind=kind or ("volume" if members == [unit_id] else "group"),
+                       block_size=check_block_size(block_size or DEFAULT_BLOCK_SIZE))
+    elif kind:
+        st.kind = kind
+    if st.role != "primary":
+        raise NotPrimary(unit_id=unit_id, role=st.role)
+    if epoch is not None and epoch < st.epoch:
+        raise StaleEpoch(unit_id=unit_id, epoch=epoch, have=st.epoch)
+    if st.generation == 0 and block_size:
+        st.block_size = check_block_size(block_size)
+    return st
+
+
+def stream(session: ApplySession, prepared: Prepared, report: SyncReport, *, unit_id, epoch,
             demote, kind, peer_name, compress, origin=None) -> None:
     meta = prepared.meta
     plan_path = prepared.dir / "plan.bin"
@@ -355,11 +269,10 @@ def _stream(session: ApplySession, prepared: Prepared, report: SyncReport, *, un
                       for m in meta["members"]]}
     ready = session.begin(tx)
     skip = int(ready.get("resume_records") or 0)
-    if skip:
-        if skip > meta["records"] or manifest_of(plan_path, skip).hexdigest() != ready.get("manifest"):
-            log.warning("peer journal of %s does not match our plan; restarting it", unit_id)
-            session.restart()
-            skip = 0
+    if skip and (skip > meta["records"] or manifest_of(plan_path, skip).hexdigest() != ready.get("manifest")):
+        log.warning("peer journal of %s does not match our plan; restarting it", unit_id)
+        session.restart()
+        skip = 0
     fds = [os.open(prepared.dir / f"{m['volume_id']}.img", os.O_RDONLY) for m in meta["members"]]
     try:
         try:
