@@ -22,12 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import store
-from ..errors import (InvalidParameter, NotPrimary, ReplicationConflict, StaleEpoch,
-                      VolumeNotFound)
-from ..host import fiemap as fiemap_mod
-from ..host.freeze import frozen
+from ..errors import CorruptMetadata, InvalidParameter, NotPrimary, ReplicationConflict, StaleEpoch
+from ..host.fiemap import fiemap_array
 from ..host.reflink import clone_file, data_ranges
 from . import plan as planner
+from .capture import capture, roll_forward
 from .blockmap import DEFAULT_BLOCK_SIZE, BlockMap, EmptyMap, check_block_size, copy_map
 from .delta import AdaptiveCodec, PlanWriter, ScanStats, manifest_of, scan_member, stream_records
 from .layout import PoolLayout, check_id
@@ -63,6 +62,7 @@ def load_pending(layout: PoolLayout, unit_id: str, acked: int) -> Prepared | Non
 
 def sweep(layout: PoolLayout, unit_id: str, acked: int, pending) -> None:
     """Remove snapshot dirs that are neither the acked base nor the pending generation."""
+    recover(layout, unit_id, acked)
     keep = {str(acked)} | ({str(acked + 1)} if pending else set())
     root = layout.snap_root(unit_id)
     if not root.exists():
@@ -72,29 +72,67 @@ def sweep(layout: PoolLayout, unit_id: str, acked: int, pending) -> None:
             shutil.rmtree(child, ignore_errors=True)
 
 
+def member_file(gen_dir: Path, member: dict) -> Path:
+    """The file a generation's records are read from: its overlay, or its whole image."""
+    vol = member["volume_id"]
+    return gen_dir / (f"{vol}.delta" if member.get("overlay") and not (gen_dir / f"{vol}.img").exists()
+                      else f"{vol}.img")
+
+
+def _roll(layout: PoolLayout, unit_id: str, gen_dir: Path, meta: dict) -> None:
+    """Give every overlay member of an adopted generation its whole image: the base
+    image rolled forward in place, then moved in. Repeat-safe (see recover)."""
+    base_dir = layout.snap_dir(unit_id, meta["base_generation"])
+    moved = False
+    for m in meta["members"]:
+        vol = m["volume_id"]
+        if not m.get("overlay") or (gen_dir / f"{vol}.img").exists():
+            continue
+        base_img = base_dir / f"{vol}.img"
+        if not base_img.exists():
+            raise CorruptMetadata(path=str(gen_dir), reason=f"base image of overlay member {vol} is gone")
+        roll_forward(base_img, gen_dir, vol, m["size"])
+        os.rename(base_img, gen_dir / f"{vol}.img")
+        moved = True
+    if moved:
+        store.fsync_dir(gen_dir)
+        store.fsync_dir(base_dir)
+    for m in meta["members"]:
+        for suffix in (".delta", ".ranges", ".clear"):
+            (gen_dir / f"{m['volume_id']}{suffix}").unlink(missing_ok=True)
+
+
+def recover(layout: PoolLayout, unit_id: str, acked: int) -> None:
+    """Finish an adopt cut short between recording the generation and rolling its base."""
+    if acked <= 0:
+        return
+    d = layout.snap_dir(unit_id, acked)
+    meta = store.read_doc(d / "meta.json")
+    if meta and any(m.get("overlay") and not (d / f"{m['volume_id']}.img").exists()
+                    for m in meta["members"]):
+        log.warning("%s: finishing the adopt of generation %d", unit_id, acked)
+        _roll(layout, unit_id, d, meta)
+
+
+def generation_image(layout: PoolLayout, unit_id: str, generation: int, vol: str, scratch: Path) -> Path:
+    """A whole image of *vol* at a kept generation (the acked base or the pending one):
+    the file itself, or for a pending overlay a reflink of the base rolled forward
+    into *scratch*."""
+    d = layout.snap_dir(unit_id, generation)
+    if (d / f"{vol}.img").exists():
+        return d / f"{vol}.img"
+    meta = store.read_doc(d / "meta.json") or {}
+    m = next(x for x in meta.get("members", []) if x["volume_id"] == vol)
+    out = Path(scratch) / f"{vol}.img"
+    clone_file(layout.snap_dir(unit_id, meta["base_generation"]) / f"{vol}.img", out, fsync=False)
+    roll_forward(out, d, vol, m["size"])
+    return out
+
+
 def _base_meta(layout, unit_id, st: UnitState) -> dict:
     if st.generation <= 0:
         return {}
     return store.read_doc(layout.snap_dir(unit_id, st.generation) / "meta.json") or {}
-
-
-def capture(layout: PoolLayout, members, dest: Path, mountpoints=()) -> dict:
-    """Reflink snapshots of every member at one instant: freeze all, clone all, thaw all."""
-    dest.mkdir(parents=True)
-    reflinked = {}
-    with frozen(mountpoints):
-        for vol in members:
-            try:
-                reflinked[vol] = clone_file(layout.image(vol), dest / f"{vol}.img", fsync=False)
-            except FileNotFoundError:
-                raise VolumeNotFound(volume_id=vol) from None
-    for vol in members:   # durability after the thaw, so the freeze lasts only the clones
-        fd = os.open(dest / f"{vol}.img", os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    return reflinked
 
 
 def _member_scan(fd, size, base_img: Path | None, base_size, bs, use_fiemap: bool):
@@ -102,9 +140,8 @@ def _member_scan(fd, size, base_img: Path | None, base_size, bs, use_fiemap: boo
         try:
             bfd = os.open(base_img, os.O_RDONLY)
             try:
-                return planner.plan_from_extents(fiemap_mod.fiemap(fd, size),
-                                                 fiemap_mod.fiemap(bfd, base_size),
-                                                 size, base_size, bs), True
+                return planner.plan_from_extent_arrays(fiemap_array(fd, size), fiemap_array(bfd, base_size),
+                                                       size, base_size, bs), True
             finally:
                 os.close(bfd)
         except OSError as e:
@@ -114,23 +151,36 @@ def _member_scan(fd, size, base_img: Path | None, base_size, bs, use_fiemap: boo
     return planner.plan_full_scan([(o, o + n) for o, n in data_ranges(fd, size)], size, base_size, bs), False
 
 
+def _overlay_bases(layout, st: UnitState, members, mode: str, base_meta: dict) -> dict:
+    """Members whose acked base can take an overlay capture: reflinked, mapped, present."""
+    if mode != "delta" or st.generation <= 0:
+        return {}
+    base_dir = layout.snap_dir(st.unit_id, st.generation)
+    return {vol: base_dir / f"{vol}.img" for vol in members
+            if vol in st.members and base_meta.get(vol, {}).get("reflinked")
+            and (base_dir / f"{vol}.img").exists() and (base_dir / f"{vol}.map").exists()}
+
+
 def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int, txid: str,
             target: int, base_generation: int, mode: str, peer_maps: dict | None = None) -> Prepared:
     """Capture and plan one generation into a private directory."""
     unit_id = st.unit_id
     tmp = layout.snap_root(unit_id) / f"tmp-{txid}"
     t0 = time.monotonic()
-    reflinked = capture(layout, members, tmp, mountpoints)
-    t_capture = time.monotonic() - t0
     base_dir = layout.snap_dir(unit_id, st.generation)
     base_meta = {m["volume_id"]: m for m in _base_meta(layout, unit_id, st).get("members", [])}
+    timings: dict = {}
+    captured = capture(layout, members, tmp, mountpoints,
+                       _overlay_bases(layout, st, members, mode, base_meta), block_size=bs, timings=timings)
+    t_capture = time.monotonic() - t0
     stats = ScanStats()
     pw = PlanWriter(tmp / "plan.bin")
     out_members = []
     used_fiemap = False
     try:
         for idx, vol in enumerate(members):
-            fd = os.open(tmp / f"{vol}.img", os.O_RDONLY)
+            cap = captured[vol]
+            fd = os.open(cap.path, os.O_RDONLY)
             try:
                 size = os.fstat(fd).st_size
                 new_mp = tmp / f"{vol}.map"
@@ -156,9 +206,12 @@ def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int,
                         new_map, from_base = BlockMap.open(new_mp, writable=True), True
                         new_map.resize(size)
                 try:
-                    use_fiemap = (not fresh and mode == "delta" and reflinked[vol]
+                    use_fiemap = (not fresh and mode == "delta" and cap.reflinked
                                   and base_meta.get(vol, {}).get("reflinked", False))
-                    ms, fiemapped = _member_scan(fd, size, base_img, base_size, bs, use_fiemap)
+                    if cap.overlay and not fresh:
+                        ms, fiemapped = cap.scan, True
+                    else:
+                        ms, fiemapped = _member_scan(fd, size, base_img, base_size, bs, use_fiemap)
                     used_fiemap = used_fiemap or fiemapped
                     scan_member(idx, fd, size, base_map, new_map, from_base, ms, bs, pw, stats)
                     new_map.fsync()
@@ -168,13 +221,14 @@ def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int,
             finally:
                 os.close(fd)
             out_members.append({"volume_id": vol, "size": size, "base_size": base_size,
-                                "fresh": fresh, "reflinked": reflinked[vol]})
+                                "fresh": fresh, "reflinked": cap.reflinked, "overlay": cap.overlay})
     finally:
         pw.close()
     meta = {"txid": txid, "generation": target, "base_generation": base_generation, "mode": mode,
             "members": out_members, "records": pw.count, "block_size": bs, "fiemap": used_fiemap,
             "scanned": stats.scanned, "changed": stats.changed, "zeroed": stats.zeroed,
-            "capture_s": t_capture, "plan_s": time.monotonic() - t0 - t_capture,
+            "capture_s": t_capture, "freeze_s": timings.get("freeze_s", 0.0),
+            "plan_s": time.monotonic() - t0 - t_capture,
             "created_at": time.time(), "complete": True}
     store.write_doc(tmp / "meta.json", meta)
     return Prepared(tmp, meta)
@@ -197,6 +251,7 @@ def adopt(layout: PoolLayout, st: UnitState, prepared: Prepared, *, epoch: int, 
     if report is not None:
         st.add_report(report)
     save_state(layout.root, st)
+    _roll(layout, st.unit_id, prepared.dir, meta)
     if old != st.generation:
         _rmtree(layout.snap_dir(st.unit_id, old))
 
@@ -273,7 +328,7 @@ def stream(session: ApplySession, prepared: Prepared, report: SyncReport, *, uni
         log.warning("peer journal of %s does not match our plan; restarting it", unit_id)
         session.restart()
         skip = 0
-    fds = [os.open(prepared.dir / f"{m['volume_id']}.img", os.O_RDONLY) for m in meta["members"]]
+    fds = [os.open(member_file(prepared.dir, m), os.O_RDONLY) for m in meta["members"]]
     try:
         try:
             sent, chain = stream_records(plan_path, fds, session.send, skip=skip,
@@ -299,6 +354,7 @@ def stream(session: ApplySession, prepared: Prepared, report: SyncReport, *, uni
     report.reflink = bool(meta.get("fiemap"))
     report.phases["capture_s"] = round(meta.get("capture_s", 0), 4)
     report.phases["plan_s"] = round(meta.get("plan_s", 0), 4)
+    report.phases["freeze_s"] = round(meta.get("freeze_s", 0), 4)
     report.bytes_on_wire = session.bytes_sent   # the whole conversation, control included
 
 
