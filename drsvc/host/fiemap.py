@@ -89,3 +89,32 @@ def fiemap(fd: int, size: int, *, batch: int = 2048) -> list[Extent]:
             break
         pos = got[-1].end
     return extents
+
+
+# One extent as numpy reads it: the same 56 bytes as EXTENT.
+EXTENT_DTYPE = [("logical", "=u8"), ("physical", "=u8"), ("length", "=u8"), ("_r", "=u8", 2),
+                ("flags", "=u4"), ("_p", "=u4", 3)]
+
+
+def fiemap_array(fd: int, size: int, *, batch: int = 32768):
+    """The extent map of [0, size) as a numpy structured array (fields logical,
+    physical, length, flags), read in large batches and parsed without a Python
+    loop per extent: an aged 1 GiB image has ~10^5 extents."""
+    import numpy as np
+    dt = np.dtype(EXTENT_DTYPE)
+    assert dt.itemsize == EXTENT.size
+    parts = []
+    pos = 0
+    buf = build_request(0, 0, batch)
+    while pos < size:
+        HEADER.pack_into(buf, 0, pos, size - pos, FIEMAP_FLAG_SYNC, 0, batch, 0)
+        fcntl.ioctl(fd, FS_IOC_FIEMAP, buf, True)
+        mapped = HEADER.unpack_from(buf, 0)[3]
+        if mapped == 0:
+            break
+        got = np.frombuffer(buf, dtype=dt, count=mapped, offset=HEADER.size).copy()
+        parts.append(got)
+        if got["flags"][-1] & FIEMAP_EXTENT_LAST:
+            break
+        pos = int(got["logical"][-1] + got["length"][-1])
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=dt)

@@ -5,10 +5,13 @@ import errno
 import fcntl
 import logging
 import os
+import struct
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 FICLONE = 0x40049409
+FICLONERANGE = 0x4020940D
+_CLONE_RANGE = struct.Struct("=qQQQ")   # struct file_clone_range: src_fd s64, src_offset, src_length, dest_offset
 _NO_REFLINK = {errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS}
 
 
@@ -70,6 +73,27 @@ def clone_file(src: Path, dst: Path, *, fsync: bool = True) -> bool:
             raise
         os.close(fd)
     return reflinked
+
+
+def clone_range(src_fd: int, dst_fd: int, offset: int, length: int) -> bool:
+    """Share [offset, offset+length) of *src_fd* into the same range of *dst_fd*
+    (FICLONERANGE). Ranges are block aligned, or end at both files' EOF. Where the
+    kernel refuses (unaligned, no reflink) the bytes are copied. True when shared."""
+    if length <= 0:
+        return True
+    try:
+        fcntl.ioctl(dst_fd, FICLONERANGE, _CLONE_RANGE.pack(src_fd, offset, length, offset))
+        return True
+    except OSError as e:
+        if e.errno not in _NO_REFLINK:
+            raise
+    done = 0
+    while done < length:
+        n = os.copy_file_range(src_fd, dst_fd, length - done, offset + done, offset + done)
+        if n == 0:
+            break
+        done += n
+    return False
 
 
 def supports_reflink(directory: Path) -> bool:

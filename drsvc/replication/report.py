@@ -24,7 +24,8 @@ class SyncReport:
     resumed: bool = False
     reflink: bool = False            # changes found from FIEMAP extent maps
     steps: list = field(default_factory=list)
-    phases: dict = field(default_factory=dict)   # seconds per step
+    phases: dict = field(default_factory=dict)   # seconds per phase (connect_s, freeze_s, ...)
+    attempts: list = field(default_factory=list)  # [{"steps": [...], "error": str | None}] per plan
     txid: str | None = None
 
     @property

@@ -17,26 +17,24 @@ import errno
 import logging
 import os
 import shutil
-import threading
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import store
-from ..errors import (InvalidParameter, NotPrimary, ReplicationConflict, StaleEpoch,
-                      VolumeNotFound)
-from ..host import fiemap as fiemap_mod
-from ..host.freeze import frozen
+from ..errors import CorruptMetadata, InvalidParameter, NotPrimary, ReplicationConflict, StaleEpoch
+from ..host.fiemap import fiemap_array
 from ..host.reflink import clone_file, data_ranges
 from . import plan as planner
+from .capture import capture, roll_forward
 from .blockmap import DEFAULT_BLOCK_SIZE, BlockMap, EmptyMap, check_block_size, copy_map
 from .delta import AdaptiveCodec, PlanWriter, ScanStats, manifest_of, scan_member, stream_records
-from .faults import failpoint
 from .layout import PoolLayout, check_id
+from .driver import drive
 from .remote import ApplySession
 from .report import SyncReport
 from .state import UnitState, find_state, save_state
+from .steps import Job
 
 log = logging.getLogger(__name__)
 MODES = ("delta", "compare")
@@ -54,7 +52,7 @@ def _rmtree(path: Path) -> None:
         store.fsync_dir(path.parent)
 
 
-def _load_pending(layout: PoolLayout, unit_id: str, acked: int) -> Prepared | None:
+def load_pending(layout: PoolLayout, unit_id: str, acked: int) -> Prepared | None:
     d = layout.snap_dir(unit_id, acked + 1)
     meta = store.read_doc(d / "meta.json")
     if meta is None or not meta.get("complete"):
@@ -62,8 +60,10 @@ def _load_pending(layout: PoolLayout, unit_id: str, acked: int) -> Prepared | No
     return Prepared(d, meta)
 
 
-def _sweep(layout: PoolLayout, unit_id: str, keep: set) -> None:
+def sweep(layout: PoolLayout, unit_id: str, acked: int, pending) -> None:
     """Remove snapshot dirs that are neither the acked base nor the pending generation."""
+    recover(layout, unit_id, acked)
+    keep = {str(acked)} | ({str(acked + 1)} if pending else set())
     root = layout.snap_root(unit_id)
     if not root.exists():
         return
@@ -72,29 +72,67 @@ def _sweep(layout: PoolLayout, unit_id: str, keep: set) -> None:
             shutil.rmtree(child, ignore_errors=True)
 
 
+def member_file(gen_dir: Path, member: dict) -> Path:
+    """The file a generation's records are read from: its overlay, or its whole image."""
+    vol = member["volume_id"]
+    return gen_dir / (f"{vol}.delta" if member.get("overlay") and not (gen_dir / f"{vol}.img").exists()
+                      else f"{vol}.img")
+
+
+def _roll(layout: PoolLayout, unit_id: str, gen_dir: Path, meta: dict) -> None:
+    """Give every overlay member of an adopted generation its whole image: the base
+    image rolled forward in place, then moved in. Repeat-safe (see recover)."""
+    base_dir = layout.snap_dir(unit_id, meta["base_generation"])
+    moved = False
+    for m in meta["members"]:
+        vol = m["volume_id"]
+        if not m.get("overlay") or (gen_dir / f"{vol}.img").exists():
+            continue
+        base_img = base_dir / f"{vol}.img"
+        if not base_img.exists():
+            raise CorruptMetadata(path=str(gen_dir), reason=f"base image of overlay member {vol} is gone")
+        roll_forward(base_img, gen_dir, vol, m["size"])
+        os.rename(base_img, gen_dir / f"{vol}.img")
+        moved = True
+    if moved:
+        store.fsync_dir(gen_dir)
+        store.fsync_dir(base_dir)
+    for m in meta["members"]:
+        for suffix in (".delta", ".ranges", ".clear"):
+            (gen_dir / f"{m['volume_id']}{suffix}").unlink(missing_ok=True)
+
+
+def recover(layout: PoolLayout, unit_id: str, acked: int) -> None:
+    """Finish an adopt cut short between recording the generation and rolling its base."""
+    if acked <= 0:
+        return
+    d = layout.snap_dir(unit_id, acked)
+    meta = store.read_doc(d / "meta.json")
+    if meta and any(m.get("overlay") and not (d / f"{m['volume_id']}.img").exists()
+                    for m in meta["members"]):
+        log.warning("%s: finishing the adopt of generation %d", unit_id, acked)
+        _roll(layout, unit_id, d, meta)
+
+
+def generation_image(layout: PoolLayout, unit_id: str, generation: int, vol: str, scratch: Path) -> Path:
+    """A whole image of *vol* at a kept generation (the acked base or the pending one):
+    the file itself, or for a pending overlay a reflink of the base rolled forward
+    into *scratch*."""
+    d = layout.snap_dir(unit_id, generation)
+    if (d / f"{vol}.img").exists():
+        return d / f"{vol}.img"
+    meta = store.read_doc(d / "meta.json") or {}
+    m = next(x for x in meta.get("members", []) if x["volume_id"] == vol)
+    out = Path(scratch) / f"{vol}.img"
+    clone_file(layout.snap_dir(unit_id, meta["base_generation"]) / f"{vol}.img", out, fsync=False)
+    roll_forward(out, d, vol, m["size"])
+    return out
+
+
 def _base_meta(layout, unit_id, st: UnitState) -> dict:
     if st.generation <= 0:
         return {}
     return store.read_doc(layout.snap_dir(unit_id, st.generation) / "meta.json") or {}
-
-
-def capture(layout: PoolLayout, members, dest: Path, mountpoints=()) -> dict:
-    """Reflink snapshots of every member at one instant: freeze all, clone all, thaw all."""
-    dest.mkdir(parents=True)
-    reflinked = {}
-    with frozen(mountpoints):
-        for vol in members:
-            try:
-                reflinked[vol] = clone_file(layout.image(vol), dest / f"{vol}.img", fsync=False)
-            except FileNotFoundError:
-                raise VolumeNotFound(volume_id=vol) from None
-    for vol in members:   # durability after the thaw, so the freeze lasts only the clones
-        fd = os.open(dest / f"{vol}.img", os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    return reflinked
 
 
 def _member_scan(fd, size, base_img: Path | None, base_size, bs, use_fiemap: bool):
@@ -102,9 +140,8 @@ def _member_scan(fd, size, base_img: Path | None, base_size, bs, use_fiemap: boo
         try:
             bfd = os.open(base_img, os.O_RDONLY)
             try:
-                return planner.plan_from_extents(fiemap_mod.fiemap(fd, size),
-                                                 fiemap_mod.fiemap(bfd, base_size),
-                                                 size, base_size, bs), True
+                return planner.plan_from_extent_arrays(fiemap_array(fd, size), fiemap_array(bfd, base_size),
+                                                       size, base_size, bs), True
             finally:
                 os.close(bfd)
         except OSError as e:
@@ -114,23 +151,36 @@ def _member_scan(fd, size, base_img: Path | None, base_size, bs, use_fiemap: boo
     return planner.plan_full_scan([(o, o + n) for o, n in data_ranges(fd, size)], size, base_size, bs), False
 
 
+def _overlay_bases(layout, st: UnitState, members, mode: str, base_meta: dict) -> dict:
+    """Members whose acked base can take an overlay capture: reflinked, mapped, present."""
+    if mode != "delta" or st.generation <= 0:
+        return {}
+    base_dir = layout.snap_dir(st.unit_id, st.generation)
+    return {vol: base_dir / f"{vol}.img" for vol in members
+            if vol in st.members and base_meta.get(vol, {}).get("reflinked")
+            and (base_dir / f"{vol}.img").exists() and (base_dir / f"{vol}.map").exists()}
+
+
 def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int, txid: str,
             target: int, base_generation: int, mode: str, peer_maps: dict | None = None) -> Prepared:
     """Capture and plan one generation into a private directory."""
     unit_id = st.unit_id
     tmp = layout.snap_root(unit_id) / f"tmp-{txid}"
     t0 = time.monotonic()
-    reflinked = capture(layout, members, tmp, mountpoints)
-    t_capture = time.monotonic() - t0
     base_dir = layout.snap_dir(unit_id, st.generation)
     base_meta = {m["volume_id"]: m for m in _base_meta(layout, unit_id, st).get("members", [])}
+    timings: dict = {}
+    captured = capture(layout, members, tmp, mountpoints,
+                       _overlay_bases(layout, st, members, mode, base_meta), block_size=bs, timings=timings)
+    t_capture = time.monotonic() - t0
     stats = ScanStats()
     pw = PlanWriter(tmp / "plan.bin")
     out_members = []
     used_fiemap = False
     try:
         for idx, vol in enumerate(members):
-            fd = os.open(tmp / f"{vol}.img", os.O_RDONLY)
+            cap = captured[vol]
+            fd = os.open(cap.path, os.O_RDONLY)
             try:
                 size = os.fstat(fd).st_size
                 new_mp = tmp / f"{vol}.map"
@@ -156,9 +206,12 @@ def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int,
                         new_map, from_base = BlockMap.open(new_mp, writable=True), True
                         new_map.resize(size)
                 try:
-                    use_fiemap = (not fresh and mode == "delta" and reflinked[vol]
+                    use_fiemap = (not fresh and mode == "delta" and cap.reflinked
                                   and base_meta.get(vol, {}).get("reflinked", False))
-                    ms, fiemapped = _member_scan(fd, size, base_img, base_size, bs, use_fiemap)
+                    if cap.overlay and not fresh:
+                        ms, fiemapped = cap.scan, True
+                    else:
+                        ms, fiemapped = _member_scan(fd, size, base_img, base_size, bs, use_fiemap)
                     used_fiemap = used_fiemap or fiemapped
                     scan_member(idx, fd, size, base_map, new_map, from_base, ms, bs, pw, stats)
                     new_map.fsync()
@@ -168,19 +221,20 @@ def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int,
             finally:
                 os.close(fd)
             out_members.append({"volume_id": vol, "size": size, "base_size": base_size,
-                                "fresh": fresh, "reflinked": reflinked[vol]})
+                                "fresh": fresh, "reflinked": cap.reflinked, "overlay": cap.overlay})
     finally:
         pw.close()
     meta = {"txid": txid, "generation": target, "base_generation": base_generation, "mode": mode,
             "members": out_members, "records": pw.count, "block_size": bs, "fiemap": used_fiemap,
             "scanned": stats.scanned, "changed": stats.changed, "zeroed": stats.zeroed,
-            "capture_s": t_capture, "plan_s": time.monotonic() - t0 - t_capture,
+            "capture_s": t_capture, "freeze_s": timings.get("freeze_s", 0.0),
+            "plan_s": time.monotonic() - t0 - t_capture,
             "created_at": time.time(), "complete": True}
     store.write_doc(tmp / "meta.json", meta)
     return Prepared(tmp, meta)
 
 
-def _adopt(layout: PoolLayout, st: UnitState, prepared: Prepared, *, epoch: int, peer_name: str,
+def adopt(layout: PoolLayout, st: UnitState, prepared: Prepared, *, epoch: int, peer_name: str,
            demote: bool = False, report: dict | None = None) -> None:
     """Record that the peer holds the prepared generation; it becomes the new base."""
     meta = prepared.meta
@@ -197,6 +251,7 @@ def _adopt(layout: PoolLayout, st: UnitState, prepared: Prepared, *, epoch: int,
     if report is not None:
         st.add_report(report)
     save_state(layout.root, st)
+    _roll(layout, st.unit_id, prepared.dir, meta)
     if old != st.generation:
         _rmtree(layout.snap_dir(st.unit_id, old))
 
@@ -204,7 +259,7 @@ def _adopt(layout: PoolLayout, st: UnitState, prepared: Prepared, *, epoch: int,
 def sync_unit(pool, unit_id: str, members, peer, *, mountpoints=(), epoch: int | None = None,
               demote: bool = False, mode: str = "delta", kind: str | None = None,
               block_size: int | None = None, bwlimit: float | None = None,
-              compress: str = "auto", origin: dict | None = None) -> SyncReport:
+              compress: str = "auto", origin: dict | None = None, attempts: int = 1) -> SyncReport:
     """Replicate one volume or group to *peer* and return the report (also kept in state.json).
 
     members: the volume ids of the unit (one for a volume unit). mountpoints:
@@ -212,6 +267,7 @@ def sync_unit(pool, unit_id: str, members, peer, *, mountpoints=(), epoch: int |
     the unit's). demote: carry a planned-failover demotion mark and make this
     site secondary once the peer commits. mode "compare": diff against the
     peer's block hashes instead of our acked snapshot (resync after split brain).
+    attempts: how many times to plan and run again after a lost connection.
     """
     if mode not in MODES:
         raise InvalidParameter(key="mode", reason=f"must be one of {MODES}")
@@ -227,122 +283,35 @@ def sync_unit(pool, unit_id: str, members, peer, *, mountpoints=(), epoch: int |
     report = SyncReport(unit_id=unit_id, mode=mode, started_at=time.time(), members=list(members))
     t0 = time.monotonic()
     with store.file_lock(layout.lock_path(unit_id), blocking=False, key=unit_id):
-        st = find_state(pool, unit_id)
-        if st is None:
-            st = UnitState(unit_id=unit_id, members=list(members), role="primary",
-                           kind=kind or ("volume" if members == [unit_id] else "group"),
-                           block_size=check_block_size(block_size or DEFAULT_BLOCK_SIZE))
-        elif kind:
-            st.kind = kind
-        if st.role != "primary":
-            raise NotPrimary(unit_id=unit_id, role=st.role)
-        if epoch is None:
-            epoch = st.epoch
-        elif epoch < st.epoch:
-            raise StaleEpoch(unit_id=unit_id, epoch=epoch, have=st.epoch)
-        if st.generation == 0 and block_size:
-            st.block_size = check_block_size(block_size)
-        bs = st.block_size
-        report.epoch = epoch
-        pending = _load_pending(layout, unit_id, st.generation)
-        keep = {str(st.generation)} | ({str(st.generation + 1)} if pending else set())
-        _sweep(layout, unit_id, keep)
-
-        # Connect (SSH handshake, receiver start, status request) in a thread while
-        # this one captures and plans: both take ~0.1-0.4 s and mostly wait on others.
-        opened: dict = {}
-
-        def _open():
-            try:
-                sess = ApplySession(peer, unit_id, bwlimit=bwlimit)
-                opened["session"] = sess
-                sess.request_status()
-            except BaseException as e:  # re-raised in the caller's thread
-                opened["error"] = e
-
-        opener = threading.Thread(target=_open, name=f"connect-{unit_id}", daemon=True)
-        opener.start()
-        session = None
-        early = None
-        try:
-            try:
-                if pending is None and mode == "delta":
-                    # capture and plan while the peer starts its receiver and replies
-                    early = prepare(layout, st, members, mountpoints=mountpoints, bs=bs,
-                                    txid=uuid.uuid4().hex, target=st.generation + 1,
-                                    base_generation=st.generation, mode="delta")
-            finally:
-                opener.join()
-                session = opened.get("session")
-            if "error" in opened:
-                raise opened["error"]
-            peer_st = session.read_status()
-            report.phases["connect_s"] = round(time.monotonic() - t0, 4)
-            pend = (planner.Pending(pending.meta["generation"], pending.meta["txid"],
-                                    tuple(m["volume_id"] for m in pending.meta["members"]))
-                    if pending else None)
-            steps = planner.reconcile(unit_id, st.generation, pend, peer_st, members, mode)
-            report.steps = steps
-            prepared = None
-            for step in steps:
-                if step == "finalize":
-                    _adopt(layout, st, pending, epoch=epoch, peer_name=peer.name)
-                    pending = None
-                    if early is not None:   # planned against the old base
-                        _rmtree(early.dir)
-                        early = None
-                elif step == "discard":
-                    _rmtree(pending.dir)
-                    pending = None
-                elif step == "resume":
-                    prepared, report.resumed = pending, True
-                elif step == "sync":
-                    prepared, early = early, None
-                    if prepared is None:
-                        prepared = prepare(layout, st, members, mountpoints=mountpoints, bs=bs,
-                                           txid=uuid.uuid4().hex, target=st.generation + 1,
-                                           base_generation=st.generation, mode="delta")
-                elif step == "compare":
-                    if early is not None:
-                        _rmtree(early.dir)
-                        early = None
-                    txid = uuid.uuid4().hex
-                    maps_dir = layout.snap_root(unit_id) / f"tmp-maps-{txid}"
-                    maps_dir.mkdir()
-                    try:
-                        maps = session.fetch_maps(members, bs, maps_dir)
-                        peer_gen = int(peer_st.get("generation") or 0)
-                        prepared = prepare(layout, st, members, mountpoints=mountpoints, bs=bs,
-                                           txid=txid, target=max(st.generation, peer_gen) + 1,
-                                           base_generation=peer_gen, mode="compare", peer_maps=maps)
-                    finally:
-                        shutil.rmtree(maps_dir, ignore_errors=True)
-            report.phases["prepare_s"] = round(time.monotonic() - t0 - report.phases["connect_s"], 4)
-            meta = prepared.meta
-            report.mode = meta["mode"]        # the planner may have switched to compare
-            if prepared.dir.name != str(meta["generation"]):
-                # the intent: from here on this generation may exist at the peer
-                final = layout.snap_dir(unit_id, meta["generation"])
-                _rmtree(final)
-                os.rename(prepared.dir, final)
-                store.fsync_dir(final.parent)
-                prepared = Prepared(final, meta)
-            _stream(session, prepared, report, unit_id=unit_id, epoch=epoch, demote=demote,
-                    kind=st.kind, peer_name=peer.name, compress=compress, origin=origin)
-            failpoint("sender.after_commit")
-            report.duration_s = time.monotonic() - t0
-            _adopt(layout, st, prepared, epoch=epoch, peer_name=peer.name, demote=demote,
-                   report=report.to_dict())
-        finally:
-            if early is not None:
-                shutil.rmtree(early.dir, ignore_errors=True)
-            if session is not None:
-                session.close()
+        st = _primary_state(pool, unit_id, members, kind=kind, epoch=epoch, block_size=block_size)
+        report.epoch = epoch = st.epoch if epoch is None else epoch
+        job = Job(layout, unit_id, members, peer, mountpoints=tuple(mountpoints), epoch=epoch,
+                  demote=demote, mode=mode, compress=compress, bwlimit=bwlimit, origin=origin)
+        drive(job, lambda: _primary_state(pool, unit_id, members, kind=kind, epoch=epoch,
+                                          block_size=block_size), report, attempts=attempts)
     report.duration_s = time.monotonic() - t0
     return report
 
 
-def _stream(session: ApplySession, prepared: Prepared, report: SyncReport, *, unit_id, epoch,
+def _primary_state(pool, unit_id, members, *, kind, epoch, block_size) -> UnitState:
+    """The unit's state, checked: this site is primary and *epoch* is not stale."""
+    st = find_state(pool, unit_id)
+    if st is None:
+        st = UnitState(unit_id=unit_id, members=list(members), role="primary",
+                       kind=kind or ("volume" if members == [unit_id] else "group"),
+                       block_size=check_block_size(block_size or DEFAULT_BLOCK_SIZE))
+    elif kind:
+        st.kind = kind
+    if st.role != "primary":
+        raise NotPrimary(unit_id=unit_id, role=st.role)
+    if epoch is not None and epoch < st.epoch:
+        raise StaleEpoch(unit_id=unit_id, epoch=epoch, have=st.epoch)
+    if st.generation == 0 and block_size:
+        st.block_size = check_block_size(block_size)
+    return st
+
+
+def stream(session: ApplySession, prepared: Prepared, report: SyncReport, *, unit_id, epoch,
             demote, kind, peer_name, compress, origin=None) -> None:
     meta = prepared.meta
     plan_path = prepared.dir / "plan.bin"
@@ -355,12 +324,11 @@ def _stream(session: ApplySession, prepared: Prepared, report: SyncReport, *, un
                       for m in meta["members"]]}
     ready = session.begin(tx)
     skip = int(ready.get("resume_records") or 0)
-    if skip:
-        if skip > meta["records"] or manifest_of(plan_path, skip).hexdigest() != ready.get("manifest"):
-            log.warning("peer journal of %s does not match our plan; restarting it", unit_id)
-            session.restart()
-            skip = 0
-    fds = [os.open(prepared.dir / f"{m['volume_id']}.img", os.O_RDONLY) for m in meta["members"]]
+    if skip and (skip > meta["records"] or manifest_of(plan_path, skip).hexdigest() != ready.get("manifest")):
+        log.warning("peer journal of %s does not match our plan; restarting it", unit_id)
+        session.restart()
+        skip = 0
+    fds = [os.open(member_file(prepared.dir, m), os.O_RDONLY) for m in meta["members"]]
     try:
         try:
             sent, chain = stream_records(plan_path, fds, session.send, skip=skip,
@@ -386,6 +354,7 @@ def _stream(session: ApplySession, prepared: Prepared, report: SyncReport, *, un
     report.reflink = bool(meta.get("fiemap"))
     report.phases["capture_s"] = round(meta.get("capture_s", 0), 4)
     report.phases["plan_s"] = round(meta.get("plan_s", 0), 4)
+    report.phases["freeze_s"] = round(meta.get("freeze_s", 0), 4)
     report.bytes_on_wire = session.bytes_sent   # the whole conversation, control included
 
 

@@ -4,6 +4,7 @@ After each kill the next contact replays a committed journal; the replica is alw
 one complete generation, and the next sync converges with nothing acked lost."""
 from __future__ import annotations
 
+import tempfile
 import threading
 import time
 
@@ -12,6 +13,7 @@ import pytest
 from drsvc.errors import DrsvcError
 from drsvc.replication import peer_status, sync_unit
 from drsvc.replication.layout import PoolLayout
+from drsvc.replication.sender import generation_image
 from drsvc.replication.state import find_state
 from tests.dr.helpers import generation, wait_for, write_random
 
@@ -68,7 +70,8 @@ def commit_point_kills(lab, rnd, rounds):
             set_receiver_failpoints(lab, "b", ())
         got = gens.check_whole(sb, vol)
         # what was on the wire: the pending generation (a resumed one may predate `new`)
-        sent = file_sha(PoolLayout(sa.pool).snap_dir(vol, generation(sa, vol) + 1) / f"{vol}.img")
+        with tempfile.TemporaryDirectory(dir=sa.pool) as scratch:
+            sent = file_sha(generation_image(PoolLayout(sa.pool), vol, generation(sa, vol) + 1, vol, scratch))
         if point in ("receiver.after_apply", "receiver.after_state"):
             assert got == sent, f"{point}: the applied generation is not in the image"
         if point == "receiver.after_commit_marker" and rnd.random() < 0.5:

@@ -1,0 +1,189 @@
+"""Capture: the content of every member of a unit at one instant.
+
+Two ways, chosen per member:
+
+* **full**: FICLONE of the whole image into ``<vol>.img`` (first sync of a
+  member, compare mode, a pool without reflink). Its cost grows with the image's
+  extent count: 1-3.5 s for an aged 1 GiB image on XFS.
+* **overlay**: FIEMAP of the live image, diffed against the acked base snapshot
+  (vectorized: identical extents drop out first), and FICLONERANGE of only the
+  ranges whose physical mapping differs into a sparse ``<vol>.delta``. Ranges
+  are block aligned; ``<vol>.ranges`` (cloned) and ``<vol>.clear`` (whole blocks
+  that became holes) say how to roll the base forward once the peer commits
+  (``roll_forward``). Its cost is one FIEMAP of the live image plus the change.
+
+All members are captured inside one freeze of every mountpoint (freeze all,
+capture all, thaw all). Without a mountpoint to freeze, an overlay capture is
+only kept when the image's mtime shows no write landed between its FIEMAP and
+its last clone; otherwise that member is captured full (one atomic FICLONE).
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import VolumeNotFound
+from ..host.fiemap import fiemap_array
+from ..host.freeze import frozen
+from ..host.reflink import clone_file, clone_range
+from . import plan as planner
+
+log = logging.getLogger(__name__)
+_NO_FIEMAP = (errno.EOPNOTSUPP, errno.ENOTTY, errno.EINVAL)
+
+
+@dataclass
+class Captured:
+    volume_id: str
+    path: Path                       # the file records are read from
+    reflinked: bool
+    overlay: bool = False
+    scan: planner.MemberScan | None = None   # overlay: ranges to hash / to clear
+
+
+def _ranges_file(path: Path, intervals) -> None:
+    a = array("q")
+    for s, e in intervals:
+        a.append(s)
+        a.append(e)
+    with open(path, "wb") as f:
+        a.tofile(f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_ranges(path: Path) -> list[tuple[int, int]]:
+    a = array("q")
+    with open(path, "rb") as f:
+        a.frombytes(f.read())
+    return list(zip(a[0::2], a[1::2], strict=True))
+
+
+def _coarse_now_ns() -> int:
+    return time.clock_gettime_ns(getattr(time, "CLOCK_REALTIME_COARSE", 5))   # Linux: 5
+
+
+def capture(layout, members, dest: Path, mountpoints=(), bases: dict | None = None, *,
+            block_size: int = 4096, timings: dict | None = None) -> dict[str, Captured]:
+    """Capture *members* into *dest*. bases: volume id -> acked base image (overlay
+    eligible) or None (full). timings gets freeze_s (the frozen window)."""
+    bases = bases or {}
+    dest.mkdir(parents=True)
+    base_ext = {}
+    for vol in members:              # the base snapshots do not change: map them before the freeze
+        base = bases.get(vol)
+        if base is None:
+            continue
+        try:
+            fd = os.open(base, os.O_RDONLY)
+            try:
+                base_ext[vol] = (fiemap_array(fd, os.fstat(fd).st_size), os.fstat(fd).st_size)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            if e.errno not in _NO_FIEMAP:
+                raise
+            log.info("FIEMAP unavailable on %s (%s): full capture", base, e)
+    out: dict[str, Captured] = {}
+    checks = {}
+    t0 = time.monotonic()
+    with frozen(mountpoints):
+        t_frozen = time.monotonic()
+        for vol in members:
+            src = layout.image(vol)
+            if vol in base_ext:
+                try:
+                    out[vol], checks[vol] = _overlay(src, dest, vol, base_ext[vol], block_size)
+                    continue
+                except FileNotFoundError:
+                    raise VolumeNotFound(volume_id=vol) from None
+                except OSError as e:
+                    if e.errno not in _NO_FIEMAP:
+                        raise
+            out[vol] = _full(src, dest, vol)
+        t_thaw = time.monotonic()
+    if timings is not None:
+        timings["freeze_s"] = round(t_thaw - t_frozen, 4)
+        timings["capture_s"] = round(time.monotonic() - t0, 4)
+    if not mountpoints:
+        for vol, (mtime_ns, size) in checks.items():
+            st = os.stat(layout.image(vol))
+            if st.st_mtime_ns != mtime_ns or st.st_size != size:
+                log.info("%s changed during its overlay capture: capturing it whole", vol)
+                for suffix in (".delta", ".ranges", ".clear"):
+                    (dest / f"{vol}{suffix}").unlink(missing_ok=True)
+                out[vol] = _full(layout.image(vol), dest, vol)
+    for c in out.values():      # durability after the thaw, so the freeze lasts only the clones
+        fd = os.open(c.path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return out
+
+
+def _full(src: Path, dest: Path, vol: str) -> Captured:
+    try:
+        reflinked = clone_file(src, dest / f"{vol}.img", fsync=False)
+    except FileNotFoundError:
+        raise VolumeNotFound(volume_id=vol) from None
+    return Captured(vol, dest / f"{vol}.img", reflinked)
+
+
+def _overlay(src: Path, dest: Path, vol: str, base, bs: int):
+    base_extents, base_size = base
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        st = os.fstat(fd)
+        for _ in range(3):       # written this very tick? a later write might not move mtime
+            if st.st_mtime_ns < _coarse_now_ns():
+                break
+            time.sleep(0.005)
+            st = os.fstat(fd)
+        else:
+            raise OSError(errno.EINVAL, "image is being written: capture it whole")
+        size = st.st_size
+        new_extents = fiemap_array(fd, size)
+        ms = planner.plan_from_extent_arrays(new_extents, base_extents, size, base_size, bs)
+        fs_block = max(st.st_blksize, 4096)
+        clone = planner.round_out(ms.scan, fs_block, size)
+        path = dest / f"{vol}.delta"
+        dfd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(dfd, size)
+            for s, e in clone:
+                clone_range(fd, dfd, s, e - s)
+        finally:
+            os.close(dfd)
+    finally:
+        os.close(fd)
+    _ranges_file(dest / f"{vol}.ranges", clone)
+    _ranges_file(dest / f"{vol}.clear", ms.clear)
+    return Captured(vol, path, True, overlay=True, scan=ms), (st.st_mtime_ns, size)
+
+
+def roll_forward(base_img: Path, overlay_dir: Path, vol: str, size: int) -> None:
+    """Make *base_img* the overlay's generation in place: size, cloned ranges, holes.
+
+    Repeat-safe: every action sets a range to a fixed content, so a run cut short
+    and run again ends the same."""
+    from .blockmap import punch_hole as punch
+    fd = os.open(base_img, os.O_RDWR)
+    try:
+        os.ftruncate(fd, size)
+        dfd = os.open(overlay_dir / f"{vol}.delta", os.O_RDONLY)
+        try:
+            for s, e in read_ranges(overlay_dir / f"{vol}.ranges"):
+                clone_range(dfd, fd, s, e - s)
+        finally:
+            os.close(dfd)
+        for s, e in read_ranges(overlay_dir / f"{vol}.clear"):
+            punch(fd, s, e - s)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
