@@ -27,6 +27,7 @@ from ..errors import (BaseMismatch, DrsvcError, InvalidParameter, OperationInPro
                       StreamCorrupt, UnitNotFound, UnknownVerb)
 from . import protocol, replica_meta
 from .faults import failpoint
+from .guard import ensure_members_not_in_use
 from .journal import Journal
 from .layout import PoolLayout, check_id
 from .protocol import T_CONTROL, T_RECORD, FrameReader
@@ -88,6 +89,7 @@ def recover(layout: PoolLayout, unit_id: str) -> Journal:
     if j.load() and j.committed():
         st = find_state(layout.root, unit_id)
         if st is None or st.txid != j.tx["txid"]:
+            ensure_members_not_in_use(layout, unit_id, [m["volume_id"] for m in j.tx["members"]])
             j.apply()
             record_generation(layout, j.tx)
         j.discard()
@@ -163,6 +165,7 @@ def validate_begin(layout: PoolLayout, tx: dict) -> None:
             raise ReplicationConflict(
                 unit_id=unit_id, reason=f"replica image of {m['volume_id']} has size {size}, "
                                         f"the delta's base has {m['base_size']}")
+    ensure_members_not_in_use(layout, unit_id, [m["volume_id"] for m in tx["members"]])
 
 
 def parse_tx(msg: dict) -> dict:
@@ -338,6 +341,7 @@ def receive_transaction(layout: PoolLayout, reader: FrameReader, out: Out, tx: d
             if msg.get("records") != j.chain.count or msg.get("manifest") != j.chain.hexdigest():
                 raise StreamCorrupt(reason=f"manifest mismatch: {j.chain.count} records received, "
                                            f"{msg.get('records')} sent")
+            ensure_members_not_in_use(layout, tx["unit"], [m["volume_id"] for m in tx["members"]])
             failpoint("receiver.before_commit")
             j.mark_committed(j.chain.count, j.chain.hexdigest())
             failpoint("receiver.after_commit_marker")
