@@ -3,6 +3,9 @@
 Run as ``python -m drsvc.replication.receiver --pool POOL`` from an SSH forced
 command; the verb comes from SSH_ORIGINAL_COMMAND (or argv for local use):
 
+    serve                           a warm receiver: says hello, then answers request after
+                                    request (each a `request` control message naming one
+                                    of the verbs below, allowlisted and checked as here)
     hello                           protocol version and verbs
     status UNIT                     replica state (recovers an unfinished journal first)
     apply                           a conversation: status / hashes requests, then one
@@ -10,7 +13,7 @@ command; the verb comes from SSH_ORIGINAL_COMMAND (or argv for local use):
     hashes UNIT BLOCK_SIZE VOL...   block hash maps of replica images
     release UNIT [keep-image|delete-image]
 
-Anything else is refused. Imports stay lean: this starts once per connection.
+Anything else is refused. Imports stay lean: this starts once per channel.
 """
 from __future__ import annotations
 
@@ -33,7 +36,8 @@ from .layout import PoolLayout, check_id
 from .protocol import T_CONTROL, T_RECORD, FrameReader
 from .state import UnitState, find_state, save_state
 
-VERBS = {"hello": (0, 0), "status": (1, 1), "apply": (0, 0), "hashes": (2, 4096), "release": (1, 2)}
+VERBS = {"hello": (0, 0), "status": (1, 1), "apply": (0, 0), "hashes": (2, 4096), "release": (1, 2),
+         "serve": (0, 0)}
 LOCK_WAIT = 30.0
 _IO_BUF = 1 << 20
 
@@ -363,8 +367,31 @@ def receive_transaction(layout: PoolLayout, reader: FrameReader, out: Out, tx: d
         raise
 
 
+def verb_serve(layout, reader, out, args):
+    """Answer requests until the sender closes the channel. Any error ends the
+    process (main reports it typed): the stream may be mid-request."""
+    verb_hello(layout, reader, out, args)
+    while True:
+        frame = reader.next_frame(eof_ok=True)
+        if frame is None:
+            return
+        if frame[0] != T_CONTROL:
+            raise StreamCorrupt(reason="expected a request")
+        msg = protocol.parse_control(frame[1])
+        if msg["type"] != "request":
+            raise ProtocolError(reason=f"expected a request, got {msg['type']!r}")
+        protocol.check_version(msg.get("version"))
+        words = msg.get("verb"), *(msg.get("args") or ())
+        if not all(isinstance(w, str) for w in words):
+            raise ProtocolError(reason="a request's verb and arguments are strings")
+        verb, vargs = parse_command(words)
+        if verb == "serve":
+            raise UnknownVerb(verb="serve")
+        HANDLERS[verb](layout, reader, out, vargs)
+
+
 HANDLERS = {"hello": verb_hello, "status": verb_status, "apply": verb_apply,
-            "hashes": verb_hashes, "release": verb_release}
+            "hashes": verb_hashes, "release": verb_release, "serve": verb_serve}
 
 
 def parse_command(words) -> tuple[str, list[str]]:
@@ -391,7 +418,7 @@ def main(argv=None) -> int:
         rfile = sock.makefile("rb", buffering=_IO_BUF)
         out = Out(sock=sock)
     else:
-        rfile = open(0, "rb", buffering=_IO_BUF, closefd=False)
+        rfile = open(0, "rb", buffering=_IO_BUF, closefd=False)  # noqa: SIM115 - lives as long as the process
         out = Out(1)
     words = opts.command or os.environ.get("SSH_ORIGINAL_COMMAND", "").split()
     reader = FrameReader(rfile.read)
