@@ -349,13 +349,13 @@ def receive_transaction(layout: PoolLayout, reader: FrameReader, out: Out, tx: d
             failpoint("receiver.before_commit")
             j.mark_committed(j.chain.count, j.chain.hexdigest())
             failpoint("receiver.after_commit_marker")
-            j.apply()
+            applied = j.apply()
             failpoint("receiver.after_apply")
             st = record_generation(layout, tx)
             failpoint("receiver.after_state")
             j.discard()
             out.control({"type": "committed", "generation": st.generation, "txid": tx["txid"],
-                         "epoch": st.epoch})
+                         "epoch": st.epoch, "cloned_bytes": applied.cloned, "copied_bytes": applied.copied})
             return Journal(layout, tx["unit"])
     except BaseException:
         # keep what arrived durable, so the next attempt resumes after it
