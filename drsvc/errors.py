@@ -252,6 +252,11 @@ class ReplicationConflict(PreconditionFailed):
     template = "unit {unit_id!r}: {reason}"
 
 
+class ImageInUse(PreconditionFailed):
+    template = ("replica image of {volume_id!r} (unit {unit_id!r}) is attached read-write "
+                "({holder}); the receiver applies nothing under it")
+
+
 class RemoteError(InternalError):
     template = "peer failed: {reason}"
 

@@ -160,8 +160,13 @@ class Lab:
         wait_port(s.sshd_port)
 
     def stop_sshd(self, name: str) -> None:
+        """An SSH outage at the site: the listener and every established login (whose
+        processes sshd starts in sessions of their own) go down."""
         s = self.sites[name]
+        conns = [int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit() and _ppid(d) == s.sshd_pid]
         _kill(s.sshd_pid)
+        for pid in conns:
+            _kill(pid)
         s.sshd_pid = 0
 
     def start_sshd(self, name: str) -> None:
@@ -217,6 +222,13 @@ class Lab:
                 _kill(p.pid)
             _unmount_under(s.root)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _ppid(proc_dir: Path) -> int | None:
+    try:
+        return int((proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _kill(pid: int) -> None:

@@ -1,28 +1,42 @@
 """The receiver's transaction journal: records are made durable here first, then applied.
 
     journal/tx.json       the transaction (unit, txid, base -> target, epoch, members)
-    journal/records.bin   verified records, each a protocol RECORD header + decoded payload
+    journal/records.bin   verified records, each a protocol RECORD header (+ its decoded
+                          payload inline, for journals written before data.bin existed)
+    journal/data.bin      the payloads of records flagged FLAG_DATA, each at the next
+                          4 KiB-aligned position, so apply can reflink them into the image
     journal/staging/      new images of members that have no base (written in place)
     journal/commit.json   the commit marker: once it exists the transaction is applied,
                           by this process or by replay at the next contact
 
-Applying is idempotent (absolute writes, punches, truncates and renames), so a
-replay after a crash at any point converges on the target generation.
+Data is written once: a payload goes to data.bin, and apply remaps those blocks into
+the image with FICLONERANGE (metadata only), writing them again only where the pool
+cannot reflink or a range is not block aligned (an image's unaligned tail).
+Applying is idempotent (absolute clones and writes, punches, truncates and renames),
+so a replay after a crash at any point converges on the target generation.
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import shutil
+import struct
 from pathlib import Path
 
 from .. import store
 from ..errors import StreamCorrupt
 from . import protocol
 from .blockmap import punch_hole
+from .faults import failpoint
 from .layout import PoolLayout, check_id
 from .protocol import CODEC_RAW, CODEC_ZERO, RECORD, ManifestChain, RecordHeader
 
 FLAG_DIRECT = 0x1   # payload was written straight into a staging image
+FLAG_DATA = 0x2     # payload is in data.bin at the running aligned position
+ALIGN = 4096
+FICLONERANGE = 0x4020940D
+_NO_CLONE = {errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.ENOSYS}
 _BUF = 1 << 20
 # Start writeback of what was written every this many bytes, so the fsync at
 # commit finds little left to write (the disk works while the network does).
@@ -67,6 +81,33 @@ class _Writeback:
         self.pending.clear()
 
 
+def _aligned(pos: int) -> int:
+    return -(-pos // ALIGN) * ALIGN
+
+
+class _Cloner:
+    """Copies data.bin ranges into an image: by reflink while the pool allows it."""
+
+    def __init__(self):
+        self.reflink = True
+        self.cloned = self.copied = 0
+
+    def copy(self, src: int, src_pos: int, dst: int, dst_pos: int, length: int, wb) -> None:
+        if self.reflink and not (src_pos | dst_pos | length) % ALIGN:
+            try:
+                fcntl.ioctl(dst, FICLONERANGE, struct.pack("=qQQQ", src, src_pos, length, dst_pos))
+                self.cloned += length
+                return
+            except OSError as e:
+                if e.errno in _NO_CLONE:
+                    self.reflink = False
+                elif e.errno != errno.EINVAL:
+                    raise
+        os.pwrite(dst, os.pread(src, length, src_pos), dst_pos)
+        wb.wrote(dst, length)
+        self.copied += length
+
+
 class Journal:
     def __init__(self, layout: PoolLayout, unit_id: str):
         self.layout = layout
@@ -74,6 +115,8 @@ class Journal:
         self.dir = layout.journal_dir(unit_id)
         self.tx: dict = {}
         self._records = None
+        self._data_fd: int | None = None
+        self._data_pos = 0
         self._staging_fds: dict[int, int] = {}
         self._wb = _Writeback()
         self.chain = ManifestChain()
@@ -82,6 +125,10 @@ class Journal:
     @property
     def records_path(self) -> Path:
         return self.dir / "records.bin"
+
+    @property
+    def data_path(self) -> Path:
+        return self.dir / "data.bin"
 
     @property
     def commit_path(self) -> Path:
@@ -118,12 +165,13 @@ class Journal:
                     os.ftruncate(fd, m["size"])
                 finally:
                     os.close(fd)
-        fd = os.open(self.records_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.close(fd)
+        for path in (self.records_path, self.data_path):
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
         store.write_doc(self.dir / "tx.json", tx)   # last: tx.json marks the journal complete
         store.fsync_dir(self.dir.parent)
         self.tx = tx
         self.chain = ManifestChain()
+        self._data_pos = 0
 
     def discard(self) -> None:
         self.close()
@@ -137,6 +185,9 @@ class Journal:
         if self._records is not None:
             self._records.close()
             self._records = None
+        if self._data_fd is not None:
+            os.close(self._data_fd)
+            self._data_fd = None
         for fd in self._staging_fds.values():
             os.close(fd)
         self._staging_fds.clear()
@@ -150,6 +201,11 @@ class Journal:
             self._staging_fds[member] = fd
         return fd
 
+    def _data(self) -> int:
+        if self._data_fd is None:
+            self._data_fd = os.open(self.data_path, os.O_RDWR | os.O_CREAT, 0o600)
+        return self._data_fd
+
     def scan(self) -> int:
         """Verify the journaled records, cut a torn or corrupt tail, and rebuild the chain.
 
@@ -157,6 +213,7 @@ class Journal:
         self.close()
         self.chain = ManifestChain()
         good = 0
+        pos = good_pos = 0
         members = self.tx["members"]
         with open(self.records_path, "rb") as f:
             while True:
@@ -170,21 +227,27 @@ class Journal:
                 if codec == CODEC_RAW:
                     if flags & FLAG_DIRECT:
                         data = os.pread(self._staging_fd(member), length, offset)
+                    elif flags & FLAG_DATA:
+                        data = os.pread(self._data(), length, pos)
+                        pos = _aligned(pos + length)
                     else:
                         data = f.read(length)
                     if len(data) != length or protocol.payload_checksum(data) != checksum:
                         break
                 self.chain.update(member, hdr.is_zero, offset, length, checksum)
-                good = f.tell()
+                good, good_pos = f.tell(), pos
         with open(self.records_path, "r+b") as f:
             f.truncate(good)
             os.fsync(f.fileno())
+        os.ftruncate(self._data(), good_pos)
+        os.fsync(self._data())
+        self._data_pos = good_pos
         return self.chain.count
 
     def append(self, hdr: RecordHeader, data) -> None:
         """Journal one verified record (data is the decoded payload, None for zeros)."""
         if self._records is None:
-            self._records = open(self.records_path, "ab", buffering=_BUF)
+            self._records = open(self.records_path, "ab", buffering=_BUF)  # noqa: SIM115 - closed by close()
         m = self.tx["members"][hdr.member]
         end = hdr.offset + hdr.length
         if end > m["size"]:
@@ -198,17 +261,22 @@ class Journal:
             else:
                 os.pwrite(fd, data, hdr.offset)
                 self._wb.wrote(fd, hdr.length)
+        elif data is not None:
+            flags = FLAG_DATA
+            fd = self._data()
+            os.pwrite(fd, data, self._data_pos)
+            self._data_pos = _aligned(self._data_pos + hdr.length)
+            self._wb.wrote(fd, hdr.length)
         codec = CODEC_ZERO if data is None else CODEC_RAW
         self._records.write(RECORD.pack(hdr.member, codec, flags, hdr.offset, hdr.length, hdr.checksum))
-        if data is not None and not flags:
-            self._records.write(data)
-            self._wb.wrote(self._records.fileno(), hdr.length)   # flushed part only; enough
         self.chain.update(hdr.member, data is None, hdr.offset, hdr.length, hdr.checksum)
 
     def sync(self) -> None:
         if self._records is not None:
             self._records.flush()
             os.fsync(self._records.fileno())
+        if self._data_fd is not None:
+            os.fsync(self._data_fd)
         for fd in self._staging_fds.values():
             os.fsync(fd)
 
@@ -217,11 +285,13 @@ class Journal:
         store.write_doc(self.commit_path, {"txid": self.tx["txid"], "records": count, "manifest": manifest})
 
     # -- apply
-    def apply(self) -> None:
+    def apply(self) -> _Cloner:
         """Apply a committed journal to the pool's images; safe to repeat."""
         self.close()
         members = self.tx["members"]
         fds: dict[int, int] = {}
+        cloner = _Cloner()
+        pos = 0
         try:
             for i, m in enumerate(members):
                 if m["fresh"]:
@@ -241,6 +311,10 @@ class Journal:
                         continue
                     if codec == CODEC_ZERO:
                         punch_hole(fds[member], offset, length)
+                    elif flags & FLAG_DATA:
+                        cloner.copy(self._data(), pos, fds[member], offset, length, wb)
+                        pos = _aligned(pos + length)
+                        failpoint("receiver.mid_apply")   # the image now holds a mix
                     else:
                         os.pwrite(fds[member], f.read(length), offset)
                         wb.wrote(fds[member], length)
@@ -249,6 +323,7 @@ class Journal:
         finally:
             for fd in fds.values():
                 os.close(fd)
+            self.close()
         self.layout.images.mkdir(parents=True, exist_ok=True)
         for m in members:
             if not m["fresh"]:
@@ -262,3 +337,4 @@ class Journal:
                     os.close(fd)
                 os.replace(staged, self.layout.image(m["volume_id"]))
         store.fsync_dir(self.layout.images)
+        return cloner

@@ -17,8 +17,10 @@ from .. import errors
 from ..errors import DrsvcError, RemoteError, StreamCorrupt, UnsupportedVersion
 
 MAGIC = b"DR"
-VERSION = 1
-SUPPORTED_VERSIONS = (1,)
+# 2: the `serve` verb (a warm receiver answers many requests, each a `request`
+#    control message naming an allowlisted verb); a v1 peer is refused.
+VERSION = 2
+SUPPORTED_VERSIONS = (2,)
 
 FRAME = struct.Struct(">2sBBI")
 T_CONTROL = 1
@@ -259,3 +261,21 @@ def check_version(version) -> int:
     if version not in SUPPORTED_VERSIONS:
         raise UnsupportedVersion(version=version, supported=list(SUPPORTED_VERSIONS))
     return version
+
+
+def check_greeting(msg: dict) -> dict:
+    """The first message of a `serve` channel: the receiver's hello. A receiver older
+    than version 2 answers the `serve` verb with UnknownVerb; both are refused typed."""
+    if msg.get("type") == "error" and msg.get("error") == "UnknownVerb":
+        raise UnsupportedVersion("the peer's receiver predates protocol version 2 (it has no `serve` "
+                                 f"verb); upgrade drsvc at the peer (this side speaks {VERSION})",
+                                 version=1, supported=list(SUPPORTED_VERSIONS))
+    if msg.get("type") == "error":
+        raise_error(msg)
+    if msg.get("type") != "hello":
+        raise StreamCorrupt(reason=f"expected the receiver's hello, got {msg.get('type')!r}")
+    if msg.get("version") not in SUPPORTED_VERSIONS:
+        raise UnsupportedVersion(f"the peer speaks protocol version {msg.get('version')}, this side "
+                                 f"{list(SUPPORTED_VERSIONS)}; run the same drsvc release at both sites",
+                                 version=msg.get("version"), supported=list(SUPPORTED_VERSIONS))
+    return msg

@@ -3,6 +3,9 @@
 Run as ``python -m drsvc.replication.receiver --pool POOL`` from an SSH forced
 command; the verb comes from SSH_ORIGINAL_COMMAND (or argv for local use):
 
+    serve                           a warm receiver: says hello, then answers request after
+                                    request (each a `request` control message naming one
+                                    of the verbs below, allowlisted and checked as here)
     hello                           protocol version and verbs
     status UNIT                     replica state (recovers an unfinished journal first)
     apply                           a conversation: status / hashes requests, then one
@@ -11,7 +14,7 @@ command; the verb comes from SSH_ORIGINAL_COMMAND (or argv for local use):
     snaphashes UNIT GENERATION      block hash maps of the acked snapshot (drsvc.replication.content)
     release UNIT [keep-image|delete-image]
 
-Anything else is refused. Imports stay lean: this starts once per connection.
+Anything else is refused. Imports stay lean: this starts once per channel.
 """
 from __future__ import annotations
 
@@ -29,13 +32,14 @@ from ..errors import (BaseMismatch, DrsvcError, InvalidParameter, OperationInPro
 from . import origin as unit_origin
 from . import protocol
 from .faults import failpoint
+from .guard import ensure_members_not_in_use
 from .journal import Journal
 from .layout import PoolLayout, check_id
 from .protocol import T_CONTROL, T_RECORD, FrameReader
 from .state import UnitState, find_state, save_state
 
 VERBS = {"hello": (0, 0), "status": (1, 1), "apply": (0, 0), "hashes": (2, 4096), "release": (1, 2),
-         "snaphashes": (2, 2)}
+         "snaphashes": (2, 2), "serve": (0, 0)}
 LOCK_WAIT = 30.0
 _IO_BUF = 1 << 20
 
@@ -91,6 +95,7 @@ def recover(layout: PoolLayout, unit_id: str) -> Journal:
     if j.load() and j.committed():
         st = find_state(layout.root, unit_id)
         if st is None or st.txid != j.tx["txid"]:
+            ensure_members_not_in_use(layout, unit_id, [m["volume_id"] for m in j.tx["members"]])
             j.apply()
             record_generation(layout, j.tx)
         j.discard()
@@ -166,6 +171,7 @@ def validate_begin(layout: PoolLayout, tx: dict) -> None:
             raise ReplicationConflict(
                 unit_id=unit_id, reason=f"replica image of {m['volume_id']} has size {size}, "
                                         f"the delta's base has {m['base_size']}")
+    ensure_members_not_in_use(layout, unit_id, [m["volume_id"] for m in tx["members"]])
 
 
 def parse_tx(msg: dict) -> dict:
@@ -341,16 +347,17 @@ def receive_transaction(layout: PoolLayout, reader: FrameReader, out: Out, tx: d
             if msg.get("records") != j.chain.count or msg.get("manifest") != j.chain.hexdigest():
                 raise StreamCorrupt(reason=f"manifest mismatch: {j.chain.count} records received, "
                                            f"{msg.get('records')} sent")
+            ensure_members_not_in_use(layout, tx["unit"], [m["volume_id"] for m in tx["members"]])
             failpoint("receiver.before_commit")
             j.mark_committed(j.chain.count, j.chain.hexdigest())
             failpoint("receiver.after_commit_marker")
-            j.apply()
+            applied = j.apply()
             failpoint("receiver.after_apply")
             st = record_generation(layout, tx)
             failpoint("receiver.after_state")
             j.discard()
             out.control({"type": "committed", "generation": st.generation, "txid": tx["txid"],
-                         "epoch": st.epoch})
+                         "epoch": st.epoch, "cloned_bytes": applied.cloned, "copied_bytes": applied.copied})
             return Journal(layout, tx["unit"])
     except BaseException:
         # keep what arrived durable, so the next attempt resumes after it
@@ -362,9 +369,32 @@ def receive_transaction(layout: PoolLayout, reader: FrameReader, out: Out, tx: d
         raise
 
 
+def verb_serve(layout, reader, out, args):
+    """Answer requests until the sender closes the channel. Any error ends the
+    process (main reports it typed): the stream may be mid-request."""
+    verb_hello(layout, reader, out, args)
+    while True:
+        frame = reader.next_frame(eof_ok=True)
+        if frame is None:
+            return
+        if frame[0] != T_CONTROL:
+            raise StreamCorrupt(reason="expected a request")
+        msg = protocol.parse_control(frame[1])
+        if msg["type"] != "request":
+            raise ProtocolError(reason=f"expected a request, got {msg['type']!r}")
+        protocol.check_version(msg.get("version"))
+        words = msg.get("verb"), *(msg.get("args") or ())
+        if not all(isinstance(w, str) for w in words):
+            raise ProtocolError(reason="a request's verb and arguments are strings")
+        verb, vargs = parse_command(words)
+        if verb == "serve":
+            raise UnknownVerb(verb="serve")
+        HANDLERS[verb](layout, reader, out, vargs)
+
+
 HANDLERS = {"hello": verb_hello, "status": verb_status, "apply": verb_apply,
             "hashes": verb_hashes, "release": verb_release,
-            "snaphashes": lambda *a: _content().verb_snapshot_hashes(*a)}
+            "snaphashes": lambda *a: _content().verb_snapshot_hashes(*a), "serve": verb_serve}
 
 
 def _content():
@@ -396,7 +426,7 @@ def main(argv=None) -> int:
         rfile = sock.makefile("rb", buffering=_IO_BUF)
         out = Out(sock=sock)
     else:
-        rfile = open(0, "rb", buffering=_IO_BUF, closefd=False)
+        rfile = open(0, "rb", buffering=_IO_BUF, closefd=False)  # noqa: SIM115 - lives as long as the process
         out = Out(1)
     words = opts.command or os.environ.get("SSH_ORIGINAL_COMMAND", "").split()
     reader = FrameReader(rfile.read)

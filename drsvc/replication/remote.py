@@ -1,12 +1,29 @@
-"""The sender's side of the receiver verbs, over any drsvc.transport.Peer."""
+"""The sender's side of the receiver verbs, over any drsvc.transport.Peer.
+
+Requests go to a warm receiver when the peer's transport keeps a session (its
+``session_key``): a process-wide set of idle `serve` channels per key, each a
+receiver that answers request after request. A channel is put back only after a
+conversation that ended cleanly (every reply read, no transaction open); any
+error closes it. A request that fails on a reused channel (the connection or the
+receiver went away while idle) is sent once more on a fresh one: status, hashes,
+hello and release are idempotent, and a transaction resumes by its handshake.
+"""
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 from ..errors import DrsvcError, PeerUnreachable, StreamCorrupt
 from . import protocol
 from .blockmap import BlockMap
 from .protocol import T_CONTROL, T_HASHES, FrameReader
+
+MAX_IDLE = 4            # warm receivers kept per peer session
+IDLE_TTL = 600.0        # seconds a warm receiver may wait unused
+
+_LOCK = threading.Lock()
+_IDLE: dict[tuple, list] = {}
 
 
 def reader_for(peer, chan) -> FrameReader:
@@ -15,13 +32,118 @@ def reader_for(peer, chan) -> FrameReader:
     return FrameReader(chan.recv, on_eof=eof)
 
 
+def _take(key):
+    now = time.monotonic()
+    stale = []
+    chan = None
+    with _LOCK:
+        idle = _IDLE.get(key, [])
+        while idle:
+            c, since = idle.pop()
+            if now - since < IDLE_TTL and c.alive():
+                chan = c
+                break
+            stale.append(c)
+    for c in stale:
+        c.close()
+    return chan
+
+
+def _give(key, chan) -> None:
+    with _LOCK:
+        idle = _IDLE.setdefault(key, [])
+        if len(idle) < MAX_IDLE:
+            idle.append((chan, time.monotonic()))
+            return
+    chan.close()
+
+
+def discard_idle(key=None) -> int:
+    """Close warm receivers (of one peer session, or all); returns how many."""
+    with _LOCK:
+        keys = list(_IDLE) if key is None else [key]
+        chans = [c for k in keys for c, _ in _IDLE.pop(k, [])]
+    for c in chans:
+        c.close()
+    return len(chans)
+
+
+class Lease:
+    """One request to the receiver: on a warm `serve` channel when the peer keeps a
+    session, else on a receiver process started for this verb alone."""
+
+    def __init__(self, peer, verb: str, *args: str, fresh: bool = False):
+        self.peer, self.key = peer, peer.session_key
+        self.reused = False
+        if self.key is None:
+            self.chan = peer.open(verb, *args)
+        else:
+            chan = None if fresh else _take(self.key)
+            if chan is None:
+                chan = peer.open("serve")
+                try:
+                    protocol.check_greeting(_first_control(peer, chan))
+                except BaseException:
+                    chan.close()
+                    raise
+            else:
+                self.reused = True
+            self.chan = chan
+        self.start = self.chan.bytes_sent
+        if self.key is not None:
+            try:
+                self.chan.send(protocol.encode_control(
+                    {"type": "request", "verb": verb, "args": list(args), "version": protocol.VERSION}))
+            except BaseException:
+                self.chan.close()
+                raise
+
+    @property
+    def serving(self) -> bool:
+        return self.key is not None
+
+    def end_input(self) -> None:
+        """The request needs nothing more from us (a one-shot receiver sees EOF)."""
+        if not self.serving:
+            self.chan.close_write()
+
+    def release(self, clean: bool) -> None:
+        if self.serving and clean and self.chan.alive():
+            _give(self.key, self.chan)
+        else:
+            self.chan.close()
+
+
+def _first_control(peer, chan) -> dict:
+    frame = reader_for(peer, chan).next_frame()
+    if frame[0] != T_CONTROL:
+        raise StreamCorrupt(reason=f"expected a control frame, got type {frame[0]}")
+    return protocol.parse_control(frame[1])
+
+
+def _exchange(peer, verb: str, args, talk):
+    """Run an idempotent request; once more on a fresh channel if a reused one failed."""
+    for attempt in (0, 1):
+        lease = Lease(peer, verb, *args, fresh=attempt > 0)
+        ok = False
+        try:
+            result = talk(lease)
+            ok = True
+            return result
+        except PeerUnreachable:
+            if attempt or not lease.reused:
+                raise
+            discard_idle(lease.key)    # its siblings likely died with it
+        finally:
+            lease.release(ok)
+    raise AssertionError("unreachable")
+
+
 def _call(peer, verb: str, *args: str, expect: str) -> dict:
-    chan = peer.open(verb, *args)
-    try:
-        chan.close_write()
-        return reader_for(peer, chan).control(expect)
-    finally:
-        chan.close()
+    def talk(lease):
+        lease.end_input()
+        return reader_for(peer, lease.chan).control(expect)
+    return _exchange(peer, verb, args, talk)
 
 
 def hello(peer) -> dict:
@@ -70,28 +192,44 @@ def read_maps(reader: FrameReader, dest: Path, block_size: int) -> dict:
 
 
 def fetch_maps(peer, unit_id: str, volumes, block_size: int, dest: Path) -> dict:
-    chan = peer.open("hashes", unit_id, str(block_size), *volumes)
-    try:
-        chan.close_write()
-        return read_maps(reader_for(peer, chan), dest, block_size)
-    finally:
-        chan.close()
+    def talk(lease):
+        lease.end_input()
+        return read_maps(reader_for(peer, lease.chan), dest, block_size)
+    return _exchange(peer, "hashes", [unit_id, str(block_size), *volumes], talk)
 
 
 class ApplySession:
-    """One `apply` conversation: status/hashes requests, then one transaction."""
+    """One `apply` conversation: status/hashes requests, then one transaction.
+
+    Its channel goes back to the warm set only if every request got its reply and
+    no transaction is open when it closes. The first status exchange is retried
+    once on a fresh channel when a reused one turns out dead."""
 
     def __init__(self, peer, unit_id: str, *, bwlimit: float | None = None):
+        self.peer, self.unit_id, self.bwlimit = peer, unit_id, bwlimit
+        self._attach(fresh=False)
+
+    def _attach(self, *, fresh: bool) -> None:
         from ..transport import LimitedChannel, TokenBucket
-        self.peer, self.unit_id = peer, unit_id
-        chan = peer.open("apply")
-        self.raw = chan
-        self.chan = LimitedChannel(chan, TokenBucket(bwlimit)) if bwlimit else chan
-        self.reader = reader_for(peer, self.chan)
+        self.lease = Lease(self.peer, "apply", fresh=fresh)
+        self.raw = self.lease.chan
+        self.chan = LimitedChannel(self.raw, TokenBucket(self.bwlimit)) if self.bwlimit else self.raw
+        self.reader = reader_for(self.peer, self.chan)
+        self._clean, self._in_tx, self._pending = True, False, 0
+        self._talked = False      # anything beyond the first status exchange
 
     @property
     def bytes_sent(self) -> int:
-        return self.raw.bytes_sent
+        return self.raw.bytes_sent - self.lease.start
+
+    def _retry_fresh(self) -> bool:
+        """After a failure of the first exchange on a reused channel: start over on a fresh one."""
+        if not self.lease.reused or self._talked:
+            return False
+        self.lease.release(False)
+        discard_idle(self.lease.key)
+        self._attach(fresh=True)
+        return True
 
     def send_control(self, msg: dict) -> None:
         self.send(protocol.encode_control(msg))
@@ -100,7 +238,18 @@ class ApplySession:
         try:
             self.chan.send(data)
         except PeerUnreachable:
+            self._clean = False
             self._surface_peer_error()
+            raise
+        except BaseException:
+            self._clean = False
+            raise
+
+    def _read(self, expect: str) -> dict:
+        try:
+            return self.reader.control(expect)
+        except BaseException:
+            self._clean = False
             raise
 
     def _surface_peer_error(self) -> None:
@@ -116,32 +265,57 @@ class ApplySession:
             raise StreamCorrupt(reason=f"unexpected {msg['type']!r} from the receiver")
 
     def request_status(self) -> None:
-        self.send_control({"type": "status", "unit": self.unit_id})
+        msg = protocol.encode_control({"type": "status", "unit": self.unit_id})
+        try:
+            self.send(msg)
+        except PeerUnreachable:
+            if not self._retry_fresh():
+                raise
+            self.send(msg)
+        self._pending += 1
 
     def read_status(self) -> dict:
-        return self.reader.control("status")
+        try:
+            st = self._read("status")
+        except PeerUnreachable:
+            if not self._retry_fresh():
+                raise
+            self.request_status()
+            st = self._read("status")
+        self._pending -= 1
+        return st
 
     def fetch_maps(self, volumes, block_size: int, dest: Path) -> dict:
+        self._talked = True
         self.send_control({"type": "hashes", "unit": self.unit_id, "volumes": list(volumes),
                            "block_size": block_size})
-        return read_maps(self.reader, dest, block_size)
+        try:
+            return read_maps(self.reader, dest, block_size)
+        except BaseException:
+            self._clean = False
+            raise
 
     def begin(self, tx: dict) -> dict:
+        self._talked = self._in_tx = True
         self.send_control(dict(tx, type="begin", unit=self.unit_id, version=protocol.VERSION))
-        return self.reader.control("ready")
+        return self._read("ready")
 
     def restart(self) -> dict:
         self.send_control({"type": "restart"})
-        return self.reader.control("ready")
+        return self._read("ready")
 
     def commit(self, records: int, manifest: str) -> dict:
         self.send_control({"type": "commit", "records": records, "manifest": manifest})
-        return self.reader.control("committed")
+        reply = self._read("committed")
+        self._in_tx = False
+        return reply
 
     def close(self) -> None:
+        clean = self._clean and not self._in_tx and not self._pending
         try:
             self.chan.send(protocol.encode_control({"type": "bye"}))
-            self.chan.close_write()
+            if not self.lease.serving:
+                self.chan.close_write()
         except DrsvcError:
-            pass
-        self.chan.close()
+            clean = False
+        self.lease.release(clean)

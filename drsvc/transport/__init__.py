@@ -33,6 +33,10 @@ class Channel(ABC):
     def exit_status(self, timeout: float = 5.0) -> int | None:
         return None
 
+    def alive(self) -> bool:
+        """False once the channel is known to be closed (a warm channel is then not reused)."""
+        return True
+
     def __enter__(self):
         return self
 
@@ -41,16 +45,26 @@ class Channel(ABC):
 
 
 class Peer(ABC):
-    """A replication peer. One Peer is reused for every verb and member of a sync."""
+    """A replication peer. One Peer is reused for every verb and member of a sync.
+
+    A transport whose connections outlive one sync gives a ``session_key`` (what
+    its connection was authenticated with): drsvc.replication.remote then keeps
+    receivers warm per key and sends each request to one (the ``serve`` verb).
+    None (the default) runs one receiver process per request.
+    """
 
     name: str = "peer"
+    session_key = None
 
     @abstractmethod
     def open(self, verb: str, *args: str) -> Channel:
         """Start the receiver with this verb and return its channel."""
 
-    def close(self) -> None:
-        pass
+    def close(self) -> None:  # noqa: B027 - a transport without connections has nothing to close
+        """Let go of the peer (a cached connection may stay for the next sync)."""
+
+    def drop(self) -> None:  # noqa: B027
+        """Forget a connection that failed, so the next open makes a fresh one."""
 
     def __enter__(self):
         return self

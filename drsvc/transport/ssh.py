@@ -6,12 +6,17 @@
 * The peer's authorized_keys binds that key to the receiver
   (``command="… -m drsvc.replication.receiver --pool POOL",restrict``); the verb
   we ask for reaches it as SSH_ORIGINAL_COMMAND.
-* One connection per sync; each verb is a channel on it.
+* One authenticated connection per peer and process, shared by every sync
+  (a process-wide cache keyed by host, port, user, key file and known_hosts,
+  and by the two files' identity and mtime, so re-pinning a key or replacing
+  the key file forces a fresh, fully checked login). A dead connection is
+  replaced on the next open.
 """
 from __future__ import annotations
 
+import os
 import shlex
-import socket
+import threading
 from pathlib import Path
 
 import paramiko
@@ -33,6 +38,42 @@ MAX_PACKET = 256 << 10
 _RECV = 1 << 20
 
 
+_LOCK = threading.Lock()
+_CLIENTS: dict[tuple, paramiko.SSHClient] = {}
+
+
+def _forget_after_fork() -> None:
+    # a forked child must not share the parent's sockets and transport threads
+    global _LOCK
+    _LOCK = threading.Lock()
+    _CLIENTS.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def _file_id(path: Path) -> tuple:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (None,)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _alive(client: paramiko.SSHClient | None) -> bool:
+    t = client.get_transport() if client is not None else None
+    return t is not None and t.is_active()
+
+
+def close_all() -> None:
+    """Close every cached connection (tests; a worker at shutdown)."""
+    with _LOCK:
+        clients = list(_CLIENTS.values())
+        _CLIENTS.clear()
+    for c in clients:
+        c.close()
+
+
 class SshChannel(Channel):
     def __init__(self, chan: paramiko.Channel, name: str):
         self.chan, self.name = chan, name
@@ -48,7 +89,7 @@ class SshChannel(Channel):
     def recv(self, n: int) -> bytes:
         try:
             return self.chan.recv(min(n, _RECV))
-        except socket.timeout:
+        except TimeoutError:
             raise PeerUnreachable(peer=self.name, reason="no answer from the receiver in time") from None
         except (OSError, EOFError, paramiko.SSHException) as e:
             raise PeerUnreachable(peer=self.name, reason=f"connection lost: {e}") from None
@@ -70,6 +111,11 @@ class SshChannel(Channel):
             return self.chan.recv_exit_status()
         return None
 
+    def alive(self) -> bool:
+        t = self.chan.get_transport()
+        return (not self.chan.closed and not self.chan.eof_received and not self.chan.exit_status_ready()
+                and t is not None and t.is_active())
+
 
 class SshPeer(Peer):
     def __init__(self, host: str, *, port: int = 22, user: str = "root", key_file, known_hosts,
@@ -81,6 +127,13 @@ class SshPeer(Peer):
         self.connect_timeout, self.io_timeout = connect_timeout, io_timeout
         self.ciphers = tuple(ciphers)
         self._client: paramiko.SSHClient | None = None
+        self.connects = 0     # logins this Peer made (0 when it found one cached)
+
+    @property
+    def session_key(self) -> tuple:
+        """Identity of the connection: what it was authenticated and pinned with."""
+        return (self.host, self.port, self.user, str(self.key_file), _file_id(self.key_file),
+                str(self.known_hosts), _file_id(self.known_hosts), self.ciphers)
 
     def _transport_factory(self, sock, **kwargs):
         t = paramiko.Transport(sock, **kwargs)
@@ -91,10 +144,43 @@ class SshPeer(Peer):
         return t
 
     def connect(self) -> paramiko.SSHClient:
-        if self._client is not None and self._client.get_transport() is not None \
-                and self._client.get_transport().is_active():
-            return self._client
-        self.close()
+        key = self.session_key
+        with _LOCK:
+            cached = _CLIENTS.get(key)
+            if _alive(cached):
+                self._client = cached
+                return cached
+            if cached is not None:
+                del _CLIENTS[key]
+        if cached is not None:
+            cached.close()
+        client = self._login()
+        with _LOCK:
+            other = _CLIENTS.get(key)
+            if _alive(other):        # another thread logged in meanwhile: keep one
+                keep, drop = other, client
+            else:
+                _CLIENTS[key] = keep = client
+                drop = None
+        if drop is not None:
+            drop.close()
+        self._client = keep
+        return keep
+
+    def drop(self) -> None:
+        """Forget and close the cached connection (it failed under us)."""
+        key = self.session_key
+        with _LOCK:
+            client = _CLIENTS.get(key)
+            if client is not None and client is self._client:
+                del _CLIENTS[key]
+            else:
+                client = None
+        self._client = None
+        if client is not None:
+            client.close()
+
+    def _login(self) -> paramiko.SSHClient:
         client = paramiko.SSHClient()
         try:
             client.load_host_keys(str(self.known_hosts))
@@ -124,7 +210,7 @@ class SshPeer(Peer):
         except (OSError, EOFError) as e:
             client.close()
             raise PeerUnreachable(peer=self.name, reason=str(e) or type(e).__name__) from None
-        self._client = client
+        self.connects += 1
         return client
 
     @property
@@ -133,17 +219,21 @@ class SshPeer(Peer):
         return t.remote_cipher if t else None
 
     def open(self, verb: str, *args: str) -> SshChannel:
-        t = self.connect().get_transport()
-        try:
-            chan = t.open_session(window_size=WINDOW_SIZE, max_packet_size=MAX_PACKET,
-                                  timeout=self.connect_timeout)
-            chan.settimeout(self.io_timeout)
-            chan.exec_command(shlex.join([verb, *args]))
-        except (OSError, EOFError, paramiko.SSHException) as e:
-            raise PeerUnreachable(peer=self.name, reason=f"cannot open a channel: {e}") from None
-        return SshChannel(chan, self.name)
+        for attempt in (0, 1):
+            fresh = self.connects
+            t = self.connect().get_transport()
+            try:
+                chan = t.open_session(window_size=WINDOW_SIZE, max_packet_size=MAX_PACKET,
+                                      timeout=self.connect_timeout)
+                chan.settimeout(self.io_timeout)
+                chan.exec_command(shlex.join([verb, *args]))
+                return SshChannel(chan, self.name)
+            except (OSError, EOFError, paramiko.SSHException) as e:
+                self.drop()
+                if attempt or self.connects > fresh:   # a fresh login failed too
+                    raise PeerUnreachable(peer=self.name, reason=f"cannot open a channel: {e}") from None
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        """Let go of the connection; it stays cached for the next sync of this process."""
+        self._client = None

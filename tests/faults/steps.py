@@ -96,10 +96,32 @@ def set_receiver_failpoints(lab, name: str, points=()) -> None:
     tmp.write_text("\n".join(lines) + "\n")
     os.chmod(tmp, 0o600)
     os.rename(tmp, path)     # sshd reads it per login: never half a file
+    # a forced command is fixed at login: end the logins (and warm receivers) made before
+    drop_logins(s)
 
 
-def receiver_pids(pool: Path) -> list[int]:
-    """Receivers serving *pool*, found by their command line."""
+def drop_logins(site) -> int:
+    """SIGKILL the site's sshd connection processes (the listener's children): every
+    established login ends, as when the peer host restarts its SSH service."""
+    n = 0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or not site.sshd_pid:
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == site.sshd_pid:
+            try:
+                os.kill(int(d.name), signal.SIGKILL)
+                n += 1
+            except ProcessLookupError:
+                pass
+    return n
+
+
+def all_receiver_pids(pool: Path) -> list[int]:
+    """Receivers of *pool* (found by their command line), warm idle ones included."""
     out = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -111,6 +133,27 @@ def receiver_pids(pool: Path) -> list[int]:
         if b"drsvc.replication.receiver" in argv and str(pool).encode() in argv:
             out.append(int(d.name))
     return out
+
+
+def receiver_pids(pool: Path) -> list[int]:
+    """Receivers of *pool* at work on a unit: holding a unit's lock file open (a warm
+    receiver waiting for its next request holds none)."""
+    locks = str(Path(pool) / "replication")
+    busy = []
+    for pid in all_receiver_pids(pool):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith(locks) and target.endswith("/.lock"):
+                busy.append(pid)
+                break
+    return busy
 
 
 def kill_receivers(pool: Path) -> int:
@@ -167,4 +210,4 @@ def metric(text: str, name: str, unit_id: str) -> float | None:
 def intervals_overlap(reports) -> list:
     """Pairs of sync reports whose [started_at, started_at + duration_s] overlap."""
     spans = sorted((r["started_at"], r["started_at"] + r["duration_s"], r.get("txid")) for r in reports)
-    return [(a, b) for a, b in zip(spans, spans[1:]) if b[0] < a[1]]
+    return [(a, b) for a, b in zip(spans, spans[1:], strict=False) if b[0] < a[1]]

@@ -94,9 +94,19 @@ def test_typed_errors_cross_the_wire():
 
 
 def test_version_check():
-    assert p.check_version(1) == 1
-    with pytest.raises(UnsupportedVersion):
-        p.check_version(99)
+    assert p.check_version(2) == 2
+    for old in (1, 99, None):
+        with pytest.raises(UnsupportedVersion):
+            p.check_version(old)
+
+
+def test_greeting_of_an_old_or_other_peer_is_refused_clearly():
+    """A v1 receiver has no `serve` verb: it answers UnknownVerb, which is refused by name."""
+    assert p.check_greeting({"type": "hello", "version": 2})["version"] == 2
+    with pytest.raises(UnsupportedVersion, match="predates protocol version 2"):
+        p.check_greeting(p.error_message(UnknownVerb(verb="serve")))
+    with pytest.raises(UnsupportedVersion, match="speaks protocol version 3"):
+        p.check_greeting({"type": "hello", "version": 3})
 
 
 def test_manifest_chain_is_order_and_content_sensitive():

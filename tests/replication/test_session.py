@@ -1,0 +1,188 @@
+"""A session that outlives one sync: one SSH login per peer and process, and warm
+receivers that answer request after request, through the real sshd and the forced
+command. A connection or receiver lost between syncs is replaced transparently."""
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from drsvc.errors import InvalidName, ProtocolError, UnknownVerb, UnsupportedVersion
+from drsvc.replication import peer_status, protocol, remote, sync_unit
+from drsvc.replication.remote import reader_for
+from drsvc.transport import ssh
+
+from .conftest import make_image, new_sites, sha, write_at
+
+MiB = 1 << 20
+
+
+def receivers(pool: Path) -> set[int]:
+    out = set()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                argv = (d / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"drsvc.replication.receiver" in argv and str(pool).encode() in argv:
+                out.add(int(d.name))
+    return out
+
+
+def connections(sshd_pid: int) -> set[int]:
+    """sshd's per-connection processes (its children): one per accepted login."""
+    out = set()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == sshd_pid:
+                out.add(int(d.name))
+    return out
+
+
+def wait_until(pred, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def site(xfs_mod, sshd_factory):
+    a, b = new_sites(xfs_mod)
+    s = sshd_factory(b)
+    s.primary = a
+    make_image(a / "images" / "v.img", 8 * MiB, [(0, os.urandom(8 * MiB))])
+    return s
+
+
+def _sync(site, i):
+    """One sync as the worker runs it: a new Peer object built from the same config."""
+    a = site.primary
+    write_at(a / "images" / "v.img", (i % 100) * 65536, os.urandom(65536))
+    peer = site.peer()
+    r = sync_unit(a, "v", ["v"], peer)
+    peer.close()
+    assert sha(site.pool / "images" / "v.img") == sha(a / "images" / "v.img")
+    return peer, r
+
+
+def test_syncs_share_one_login_and_one_receiver(site):
+    logins, pids = 0, set()
+    for i in range(6):
+        peer, r = _sync(site, i)
+        logins += peer.connects
+        pids |= receivers(site.pool)
+        peer_status(site.peer(), "v")
+    assert logins == 1, "every sync after the first reuses the cached login"
+    assert len(pids) == 1, f"one warm receiver served every request, saw {pids}"
+    assert len(connections(site.proc.pid)) == 1
+    assert r.phases["connect_s"] < 10
+
+
+def test_dropped_connection_between_syncs_is_replaced(site):
+    _sync(site, 0)
+    (conn,) = connections(site.proc.pid)
+    before = receivers(site.pool)
+    os.kill(conn, signal.SIGKILL)           # the TCP connection dies with it
+    wait_until(lambda: not (receivers(site.pool) & before))
+    peer, _ = _sync(site, 1)                # no error: one fresh login
+    assert peer.connects == 1
+    assert len(connections(site.proc.pid)) == 1
+    peer, _ = _sync(site, 2)
+    assert peer.connects == 0
+
+
+def test_killed_receiver_between_syncs_is_replaced(site):
+    _sync(site, 0)
+    (old,) = receivers(site.pool)
+    conn = connections(site.proc.pid)
+    os.kill(old, signal.SIGKILL)
+    wait_until(lambda: old not in receivers(site.pool))
+    peer, _ = _sync(site, 1)
+    assert peer.connects == 0, "the login survived; only the receiver is new"
+    assert connections(site.proc.pid) == conn
+    assert receivers(site.pool) and old not in receivers(site.pool)
+    assert peer_status(site.peer(), "v")["generation"] == 2
+
+
+def test_changed_known_hosts_forces_a_fresh_checked_login(site, tmp_path):
+    _sync(site, 0)
+    kh = tmp_path / "known_hosts"
+    kh.write_text(site.known_hosts.read_text())
+    peer = site.peer(known_hosts=kh)
+    peer_status(peer, "v")
+    assert peer.connects == 1
+    kh.write_text("")        # key un-pinned: the cached login must not be used any more
+    from drsvc.errors import PeerUntrusted
+    with pytest.raises(PeerUntrusted):
+        peer_status(site.peer(known_hosts=kh), "v")
+
+
+def _serve(site):
+    chan = site.peer().open("serve")
+    reader = reader_for(site.peer(), chan)
+    assert reader.control("hello")["version"] == protocol.VERSION
+    return chan, reader
+
+
+def _request(chan, verb, *args, version=protocol.VERSION):
+    chan.send(protocol.encode_control({"type": "request", "verb": verb, "args": list(args),
+                                       "version": version}))
+
+
+@pytest.mark.parametrize("verb,args,error", [
+    ("sh", ["-c", "id"], UnknownVerb),
+    ("serve", [], UnknownVerb),
+    ("status", [], ProtocolError),
+    ("status", ["../etc"], InvalidName),
+])
+def test_every_request_is_allowlisted(site, verb, args, error):
+    chan, reader = _serve(site)
+    try:
+        _request(chan, "hello")
+        assert reader.control("hello")
+        _request(chan, verb, *args)
+        with pytest.raises(error):
+            reader.control()
+        assert chan.exit_status(10) == 2, "a refused request ends the receiver"
+    finally:
+        chan.close()
+
+
+def test_old_protocol_requests_are_refused(site):
+    chan, reader = _serve(site)
+    try:
+        _request(chan, "hello", version=1)
+        with pytest.raises(UnsupportedVersion):
+            reader.control()
+    finally:
+        chan.close()
+    # and a v1 begin on the one-shot apply verb, as an old sender sends it
+    chan = site.peer().open("apply")
+    try:
+        chan.send(protocol.encode_control({"type": "begin", "unit": "v", "version": 1, "txid": "t1",
+                                           "kind": "volume", "base": 0, "target": 1, "epoch": 0,
+                                           "block_size": 65536, "members": []}))
+        with pytest.raises(UnsupportedVersion, match="version 1 is not supported"):
+            reader_for(site.peer(), chan).control()
+    finally:
+        chan.close()
+
+
+def test_warm_receivers_are_bounded(site):
+    sessions = [remote.ApplySession(site.peer(), f"u{i}") for i in range(remote.MAX_IDLE + 2)]
+    for s in sessions:
+        s.request_status()
+        s.read_status()
+    for s in sessions:
+        s.close()
+    wait_until(lambda: len(receivers(site.pool)) == remote.MAX_IDLE)
+    assert remote.discard_idle(site.peer().session_key) == remote.MAX_IDLE
+    wait_until(lambda: not receivers(site.pool))
+    ssh.close_all()
