@@ -29,11 +29,13 @@ from ..errors import (InvalidParameter, NotPrimary, ReplicationConflict, StaleEp
 from ..host import fiemap as fiemap_mod
 from ..host.freeze import frozen
 from ..host.reflink import clone_file, data_ranges
+from . import health
 from . import plan as planner
 from .blockmap import DEFAULT_BLOCK_SIZE, BlockMap, EmptyMap, check_block_size, copy_map
 from .delta import AdaptiveCodec, PlanWriter, ScanStats, manifest_of, scan_member, stream_records
 from .faults import failpoint
 from .layout import PoolLayout, check_id
+from .progress import Progress
 from .remote import ApplySession
 from .report import SyncReport
 from .state import UnitState, find_state, save_state
@@ -120,6 +122,7 @@ def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int,
     unit_id = st.unit_id
     tmp = layout.snap_root(unit_id) / f"tmp-{txid}"
     t0 = time.monotonic()
+    captured_at = time.time()          # the origin's capture instant (receive records, data age)
     reflinked = capture(layout, members, tmp, mountpoints)
     t_capture = time.monotonic() - t0
     base_dir = layout.snap_dir(unit_id, st.generation)
@@ -175,7 +178,7 @@ def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int,
             "members": out_members, "records": pw.count, "block_size": bs, "fiemap": used_fiemap,
             "scanned": stats.scanned, "changed": stats.changed, "zeroed": stats.zeroed,
             "capture_s": t_capture, "plan_s": time.monotonic() - t0 - t_capture,
-            "created_at": time.time(), "complete": True}
+            "created_at": time.time(), "captured_at": captured_at, "complete": True}
     store.write_doc(tmp / "meta.json", meta)
     return Prepared(tmp, meta)
 
@@ -328,7 +331,8 @@ def sync_unit(pool, unit_id: str, members, peer, *, mountpoints=(), epoch: int |
                 store.fsync_dir(final.parent)
                 prepared = Prepared(final, meta)
             _stream(session, prepared, report, unit_id=unit_id, epoch=epoch, demote=demote,
-                    kind=st.kind, peer_name=peer.name, compress=compress, origin=origin)
+                    kind=st.kind, peer_name=peer.name, compress=compress, origin=origin,
+                    progress_path=health.progress_path(pool, unit_id))
             failpoint("sender.after_commit")
             report.duration_s = time.monotonic() - t0
             _adopt(layout, st, prepared, epoch=epoch, peer_name=peer.name, demote=demote,
@@ -343,7 +347,7 @@ def sync_unit(pool, unit_id: str, members, peer, *, mountpoints=(), epoch: int |
 
 
 def _stream(session: ApplySession, prepared: Prepared, report: SyncReport, *, unit_id, epoch,
-            demote, kind, peer_name, compress, origin=None) -> None:
+            demote, kind, peer_name, compress, origin=None, progress_path=None) -> None:
     meta = prepared.meta
     plan_path = prepared.dir / "plan.bin"
     t0 = time.monotonic()
@@ -351,6 +355,7 @@ def _stream(session: ApplySession, prepared: Prepared, report: SyncReport, *, un
           "target": meta["generation"], "epoch": epoch, "block_size": meta["block_size"],
           "mode": meta["mode"], "force": meta["mode"] == "compare", "demote": demote,
           "peer": (origin or {}).get("site") or os.uname().nodename, "origin": origin,
+          "captured_at": meta.get("captured_at"),
           "members": [{k: m[k] for k in ("volume_id", "size", "base_size", "fresh")}
                       for m in meta["members"]]}
     ready = session.begin(tx)
@@ -361,15 +366,18 @@ def _stream(session: ApplySession, prepared: Prepared, report: SyncReport, *, un
             session.restart()
             skip = 0
     fds = [os.open(prepared.dir / f"{m['volume_id']}.img", os.O_RDONLY) for m in meta["members"]]
+    prog = Progress(progress_path, planned=meta["changed"], generation=meta["generation"]) if progress_path else None
     try:
         try:
-            sent, chain = stream_records(plan_path, fds, session.send, skip=skip,
-                                         codec=AdaptiveCodec(compress))
+            sent, chain = stream_records(plan_path, fds, prog.wrap(session.send) if prog else session.send,
+                                         skip=skip, codec=AdaptiveCodec(compress))
         except ReplicationConflict as e:
             raise ReplicationConflict(unit_id=unit_id, reason=e.fields.get("reason", str(e))) from None
     finally:
         for fd in fds:
             os.close(fd)
+        if prog:
+            prog.done()
     reply = session.commit(chain.count, chain.hexdigest())
     if reply.get("txid") != meta["txid"] or reply.get("generation") != meta["generation"]:
         raise ReplicationConflict(unit_id=unit_id, reason=f"peer committed {reply}, expected {meta['txid']}")
