@@ -18,7 +18,7 @@ from pathlib import Path
 from .. import store
 from ..config import SiteConfig
 from ..dispatch import Dispatcher
-from ..errors import (DrsvcError, InvalidInput, InvalidParameter, NotFound,
+from ..errors import (DrsvcError, InvalidInput, InvalidParameter, NotFound, NotPrimary,
                       OperationInProgress, PreconditionFailed, ReplicaIsPrimary,
                       StaleEpoch)
 from ..ids import check_id
@@ -279,6 +279,9 @@ class ReplicationService:
 
     def sync_now(self, unit: Unit, *, wait: float | None = None) -> dict:
         self._enabled(unit)
+        st = unit_state.find_state(self.pool, unit.unit_id)
+        if st is not None and st.role != "primary":      # refused here: no task is queued
+            raise NotPrimary(unit_id=unit.unit_id, role=st.role)
         return self.dispatcher.run("sync", unit.unit_id, {"trigger": "manual"},
                                    wait=self.rpc_wait if wait is None else wait)
 
