@@ -61,6 +61,17 @@ def duration(s) -> str:
     return f"{d}d{h:02d}h"
 
 
+def short_instant(ts, now: float) -> str:
+    """'22:15:03 (12s ago)' today, '11-21 22:15 (1d02h ago)' otherwise: for tables whose header says UTC."""
+    if not ts:
+        return "never"
+    when, today = dt.datetime.fromtimestamp(ts, dt.UTC), dt.datetime.fromtimestamp(now, dt.UTC)
+    text = when.strftime("%H:%M:%S" if when.date() == today.date() else "%m-%d %H:%M")
+    delta = now - ts
+    rel = duration(abs(delta)) if abs(delta) >= 10 else f"{abs(delta):.0f}s"
+    return f"{text} ({rel} ago)" if delta >= 0 else f"{text} (in {rel})"
+
+
 def instant(ts, now: float | None = None) -> str:
     """'2026-11-22 22:15:03 UTC (12s ago)' / '(in 3s)'; 'never' for none."""
     if not ts:

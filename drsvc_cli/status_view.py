@@ -46,6 +46,12 @@ def rows(statuses, now: float | None = None) -> list[dict]:
             "transfer": (f"{H.size(r['last_sync_bytes'])} in {H.duration(r['last_sync_duration'])}"
                          if r["last_sync_time"] else "-"),
             "next": _next(r, now), "progress": _progress(r), "message": r["status_message"],
+            "short": {"lag": ("age " if sec else "") + f"{H.duration(r['lag_seconds'])} / {H.duration(r['interval_seconds'])}",
+                      "last": H.short_instant(r["last_sync_time"], now),
+                      "transfer": (f"{H.size(r['last_sync_bytes'])}, {H.duration(r['last_sync_duration'])}"
+                                   if r["last_sync_time"] else "-"),
+                      "next": "-" if sec else (H.short_instant(r.get("next_sync_time"), now)
+                                               if r.get("next_sync_time") else "not scheduled")},
             "members": r.get("members") or [],
         })
     return out
@@ -61,16 +67,19 @@ def render(console, statuses, now: float | None = None) -> None:
         return
     if console.width >= WIDE:
         t = Table(title=f"replication at {stamp}", expand=False)
-        idw = max(len(v["unit"]) for v in view)
+        idw = max(len(i) for v in view for i in [v["unit"], *v["members"]])
         t.add_column("unit", no_wrap=True, min_width=idw, overflow="fold")
-        for c in ("role", "health", "lag / data age", "last sync / received (UTC)", "transfer",
-                  "next sync (UTC)", "message"):
-            t.add_column(c, overflow="fold")
+        for c in ("role", "health", "lag / every", "last sync (UTC)", "sent, took", "next (UTC)"):
+            t.add_column(c, no_wrap=True)
+        t.add_column("message", overflow="fold", min_width=16)
         for v in view:
-            t.add_row(v["unit"], f"{v['role']} ({v['kind']})",
+            unit = Text(v["unit"])
+            if v["kind"] == "group":
+                unit.append("".join(f"\n{m}" for m in v["members"]), style="dim")
+            message = v["message"] if v["progress"] == "-" else f"{v['progress']}\n{v['message']}"
+            t.add_row(unit, f"{v['role']}\n{v['kind']}",
                       Text(v["health"], style=HEALTH_STYLE.get(v["health"], "")),
-                      v["lag"], v["last"], v["transfer"],
-                      v["next"] if v["progress"] == "-" else f"{v['next']}\n{v['progress']}", v["message"])
+                      v["short"]["lag"], v["short"]["last"], v["short"]["transfer"], v["short"]["next"], message)
         console.print(t)
         return
     console.print(f"replication at {stamp}")
