@@ -87,6 +87,17 @@ def secondary_health(st, *, interval: int, now: float | None = None) -> ReceiveH
                             peer=(getattr(st, "origin", None) or {}).get("site") or st.peer or "")
 
 
+def final_sync(st) -> tuple[float, float, int] | None:
+    """At a planned promotion: (start, duration, bytes) of the sync that carried the peer's
+    demotion, which left both copies equal. The new primary reports it as its last sync, so it
+    reads HEALTHY with its lag counted from there, not UNKNOWN until its own first sync."""
+    rec = last_received(getattr(st, "received", None) or [])
+    if rec is None or st.peer_demoted_at is None or rec.get("generation") != st.generation:
+        return None
+    end, dur = float(rec["received_at"]), float(rec.get("duration_s") or 0.0)
+    return end - dur, dur, int(rec.get("bytes") or 0)
+
+
 def _read_json(path: Path) -> dict | None:
     try:
         return json.loads(Path(path).read_text())

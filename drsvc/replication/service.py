@@ -24,7 +24,7 @@ from ..errors import (DrsvcError, InvalidInput, InvalidParameter, NotFound, NotP
 from ..ids import check_id
 from ..schedule import assess, parse_interval, parse_start_time
 from . import state as unit_state
-from .health import secondary_health
+from .health import final_sync, secondary_health
 from .layout import PoolLayout
 
 log = logging.getLogger(__name__)
@@ -448,9 +448,13 @@ class ReplicationService:
             raise PreconditionFailed(f"{unit_id} has no record of its peer; cannot become primary")
         # the received images become the acked base, so the next sync ships only changes
         seed_base(self.pool, unit_id)
+        final = None if force else final_sync(st)     # planned: the demote's final sync is our last sync
         st = unit_state.promote(self.pool, unit_id)
         with store.file_lock(PoolLayout(self.pool).unit_dir(unit_id) / ".control.lock"):
             c.enabled_at = time.time()
+            if final is not None:
+                c.last_sync_time, c.last_sync_duration, c.last_sync_bytes = final
+                c.enabled_at = final[0]
             c.conflict, c.consecutive_failures = "", 0
             save_control(self.pool, c)
         log.info("promoted %s to primary at epoch %d (%s)", unit_id, st.epoch, "forced" if force else "planned")
