@@ -2,20 +2,31 @@
 from __future__ import annotations
 
 from drsvc.errors import MissingField
+from drsvc.replication import health
 
 from . import convert
 from .errors import rpc
 from .gen import admin_pb2, admin_pb2_grpc
 
 
-def status_message(info, unit_id: str, kind: str, members) -> admin_pb2.ReplicationStatus:
-    return admin_pb2.ReplicationStatus(
+def status_message(info, unit_id: str, kind: str, members, pool=None) -> admin_pb2.ReplicationStatus:
+    live = live_status(pool, unit_id) if pool is not None else {}
+    return admin_pb2.ReplicationStatus(**live,
         unit_id=unit_id, kind=kind, members=list(members), role=info.role, epoch=info.epoch,
         generation=info.generation, peer=info.peer, interval_seconds=info.interval,
         last_sync_time=info.last_sync_time, last_sync_duration=info.last_sync_duration,
         last_sync_bytes=info.last_sync_bytes, status=info.status, status_message=info.status_message,
         lag_seconds=info.lag_seconds, missed_intervals=info.missed_intervals,
         consecutive_failures=info.consecutive_failures, failures_total=info.failures_total)
+
+
+def live_status(pool, unit_id: str) -> dict:
+    """The next scheduled sync and a running sync's progress (drsvc/replication/health.py)."""
+    out = {"next_sync_time": health.next_sync(pool, unit_id)}
+    if (p := health.progress_of(pool, unit_id)) is not None:
+        out.update(progress_bytes_sent=p["bytes_sent"], progress_bytes_planned=p["bytes_planned"],
+                   progress_rate=p["rate_bps"])
+    return out
 
 
 class Admin(admin_pb2_grpc.AdminServicer):
@@ -40,13 +51,14 @@ class Admin(admin_pb2_grpc.AdminServicer):
             except Exception:  # noqa: BLE001 - a unit half torn down is skipped, not fatal
                 continue
             kind, members = self.status.kind_of(unit_id)
-            out.append(status_message(info, unit_id, kind, members))
+            out.append(status_message(info, unit_id, kind, members, self.status.pool))
         return admin_pb2.ListReplicationsResponse(replications=out)
 
     @rpc
     def GetReplicationStatus(self, req, context):
         unit = self._unit(req.unit)
-        return status_message(self.status.describe(unit.unit_id), unit.unit_id, unit.kind, unit.members)
+        return status_message(self.status.describe(unit.unit_id), unit.unit_id, unit.kind, unit.members,
+                              self.status.pool)
 
     @rpc
     def SyncNow(self, req, context):

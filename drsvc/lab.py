@@ -116,6 +116,7 @@ class Lab:
         s = self.sites[name]
         _kill(s.redis_pid)
         self._spawn_redis(s)
+        self.save()
 
     def _keys(self) -> None:
         """Host keys per site, and one replication key per direction."""
@@ -153,8 +154,8 @@ class Lab:
             "Ciphers aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,aes128-ctr",
             "LogLevel VERBOSE", ""]))
         Path("/run/sshd").mkdir(exist_ok=True)
-        p = runner.spawn([SSHD, "-D", "-e", "-f", k / "sshd_config"],
-                         stdout=open(k / "sshd.log", "ab"), stderr=open(k / "sshd.log", "ab"))
+        with open(k / "sshd.log", "ab") as log:      # the child keeps its own descriptor
+            p = runner.spawn([SSHD, "-D", "-e", "-f", k / "sshd_config"], stdout=log, stderr=log)
         s.sshd_pid = p.pid
         s.procs.append(p)
         wait_port(s.sshd_port)
@@ -171,6 +172,7 @@ class Lab:
 
     def start_sshd(self, name: str) -> None:
         self._start_sshd(self.sites[name])
+        self.save()
 
     def _write_config(self, s: LabSite) -> None:
         peers = []
@@ -192,7 +194,7 @@ class Lab:
         os.chmod(s.config_path, 0o600)    # it may carry the Redis password
 
     # -- whole lab -------------------------------------------------------------------
-    def build(self) -> "Lab":
+    def build(self) -> Lab:
         for s in self.sites.values():
             self._mount_pool(s)
             self._start_redis(s)
@@ -201,7 +203,36 @@ class Lab:
             self._start_sshd(s)
         for s in self.sites.values():
             self._write_config(s)
+        self.save()
         return self
+
+    # -- a lab left running (`drsvc demo --keep`) is found again from its root -----------
+    @property
+    def record_path(self) -> Path:
+        return self.root / "lab.json"
+
+    def save(self) -> None:
+        """Record what this lab started, so another process can tear it down (`demo down`)."""
+        from . import store
+        store.write_doc(self.record_path, {"sites": {n: {
+            "redis_pid": s.redis_pid, "sshd_pid": s.sshd_pid, "redis_port": s.redis_port,
+            "sshd_port": s.sshd_port, "config_path": str(s.config_path) if s.config_path else None}
+            for n, s in self.sites.items()}})
+
+    @classmethod
+    def find(cls, root) -> Lab | None:
+        """The lab recorded under *root*, or None."""
+        from . import store
+        doc = store.read_doc(Path(root) / "lab.json")
+        if doc is None:
+            return None
+        lab = cls(root, names=tuple(doc["sites"]))
+        for n, rec in doc["sites"].items():
+            s = lab.sites[n]
+            s.redis_pid, s.sshd_pid = rec["redis_pid"], rec["sshd_pid"]
+            s.redis_port, s.sshd_port = rec["redis_port"], rec["sshd_port"]
+            s.config_path = Path(rec["config_path"]) if rec.get("config_path") else None
+        return lab
 
     def up(self, *names, components=("plugin", "worker", "scheduler", "metrics")) -> None:
         for n in names or self.sites:
@@ -220,6 +251,9 @@ class Lab:
                     pass
             for p in s.procs:
                 _kill(p.pid)
+            # a lab found again from its record (another process started these)
+            _kill_if(s.redis_pid, "redis-server")
+            _kill_if(s.sshd_pid, "sshd")
             _unmount_under(s.root)
         shutil.rmtree(self.root, ignore_errors=True)
 
@@ -246,6 +280,35 @@ def _kill(pid: int) -> None:
         os.waitpid(pid, 0)
     except ChildProcessError:
         pass
+
+
+def leftovers(root) -> dict:
+    """What still refers to *root*: processes (by command line), mounts and loop devices."""
+    from .host import loop, mounts
+    root = str(Path(root).resolve())
+    procs = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if root + "/" in cmd:
+                procs.append({"pid": int(d.name), "cmdline": cmd.strip()})
+    mnts = [m.target for m in mounts.mounts() if m.target.startswith(root + "/") or m.target == root]
+    loops = [f"/dev/{e.name}" for e in Path("/sys/block").glob("loop*")
+             if (loop.backing_of(f"/dev/{e.name}") or "").startswith(root + "/")]
+    return {"processes": procs, "mounts": mnts, "loop_devices": loops}
+
+
+def _kill_if(pid: int, name: str) -> None:
+    """Kill *pid* only if it still runs *name* (a recorded pid may have been reused)."""
+    try:
+        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+    except (FileNotFoundError, ProcessLookupError, ValueError):
+        return
+    if pid and name in os.path.basename(argv0):
+        _kill(pid)
 
 
 def _unmount_under(root: Path) -> None:

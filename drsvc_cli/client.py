@@ -35,7 +35,11 @@ def _status(s) -> dict:
             "last_sync_time": s.last_sync_time or None, "last_sync_duration": s.last_sync_duration,
             "last_sync_bytes": s.last_sync_bytes, "status": s.status, "status_message": s.status_message,
             "lag_seconds": round(s.lag_seconds, 3), "missed_intervals": s.missed_intervals,
-            "consecutive_failures": s.consecutive_failures, "failures_total": s.failures_total}
+            "consecutive_failures": s.consecutive_failures, "failures_total": s.failures_total,
+            "next_sync_time": s.next_sync_time or None,
+            "progress": ({"bytes_sent": s.progress_bytes_sent, "bytes_planned": s.progress_bytes_planned,
+                          "rate_bps": round(s.progress_rate, 1)} if s.progress_bytes_planned or
+                         s.progress_bytes_sent else None)}
 
 
 class DrClient:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
+import shutil
 import sys
 import tempfile
 import time
@@ -196,7 +198,8 @@ def run_demo(*, keep: bool = False, as_json: bool = False, root: str | None = No
             lab.teardown()
     summary = {"ok": ok and all(s["ok"] for s in steps.results), "seconds": round(time.monotonic() - t_start, 1),
                "steps": steps.results, "checksums": checks, "ids": ids, "kept": keep,
-               "sites": {n: str(s.config_path) for n, s in lab.sites.items()} if keep else {}}
+               "sites": {n: str(s.config_path) for n, s in lab.sites.items()} if keep else {},
+               "down": f"drsvc demo down --root {shlex.quote(str(work))}" if keep else None}
     if as_json:
         print(json.dumps(summary, sort_keys=True, default=str))
     else:
@@ -212,4 +215,28 @@ def run_demo(*, keep: bool = False, as_json: bool = False, root: str | None = No
         steps.console.print(t)
         if keep:
             steps.console.print("sites left running; configs: " + ", ".join(summary["sites"].values()))
+            steps.console.print(f"remove them with: [bold]{summary['down']}[/bold]")
     return 0 if summary["ok"] else 1
+
+
+def demo_down(root, *, as_json: bool = False) -> int:
+    """Remove what `drsvc demo --keep` left under *root*: each site's plugin, worker, scheduler
+    and /metrics, its redis-server and sshd, the pools' mounts and loop devices, and the files."""
+    from drsvc.lab import _unmount_under, leftovers
+    work = Path(root).resolve()
+    if not work.exists():
+        print(json.dumps({"ok": True, "root": str(work), "removed": False}) if as_json else f"nothing at {work}")
+        return 0
+    lab = Lab.find(work / "sites")
+    if lab is not None:
+        lab.teardown()
+    _unmount_under(work)
+    left = leftovers(work)
+    if not any(left.values()):
+        shutil.rmtree(work, ignore_errors=True)
+    ok = not any(left.values())
+    if as_json:
+        print(json.dumps({"ok": ok, "root": str(work), "removed": ok, "left": left}, sort_keys=True))
+    else:
+        print(f"removed the demo under {work}" if ok else f"could not remove everything under {work}: {left}")
+    return 0 if ok else 1

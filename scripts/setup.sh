@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
-pkgs=(redis-server openssh-server openssh-client xfsprogs e2fsprogs util-linux mount rsync btrfs-progs iproute2 kmod procps)
+pkgs=(redis-server openssh-server openssh-client xfsprogs e2fsprogs util-linux mount rsync btrfs-progs iproute2 kmod procps prometheus chromium)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 
 from celery import Celery
+from celery.app.amqp import AMQP
 
 from drsvc.config import SiteConfig
 
@@ -39,9 +40,34 @@ def _survive_broker_loss() -> None:
     qos._drsvc_survives_broker_loss = True
 
 
+def label_task(headers: dict) -> None:
+    """Name each drsvc task for its unit ("drsvc.sync vol-…"): Celery's *shadow* name, which
+    the worker's logs, its events and so Flower's task list show; the task stays routed by
+    its real name. Tasks carry the unit id as their first argument."""
+    name = headers.get("task") or ""
+    argsrepr = headers.get("argsrepr") or ""
+    if not name.startswith("drsvc.") or headers.get("shadow"):
+        return
+    unit = argsrepr.strip("[]()").split(",")[0].strip().strip("'\"")
+    if unit:
+        headers["shadow"] = f"{name} {unit}"
+
+
+class LabelledAMQP(AMQP):
+    """Messages named for their unit: the shadow header (worker events) and the task-sent
+    event alike, so Flower's row keeps the name whichever event it sees last."""
+
+    def as_task_v2(self, task_id, name, *args, **kwargs):
+        msg = super().as_task_v2(task_id, name, *args, **kwargs)
+        label_task(msg.headers)
+        if msg.sent_event is not None and msg.headers.get("shadow"):
+            msg.sent_event["name"] = msg.headers["shadow"]
+        return msg
+
+
 def make_app(cfg: SiteConfig) -> Celery:
     _survive_broker_loss()
-    app = Celery(f"drsvc-{cfg.site}", broker=cfg.redis_url, backend=cfg.redis_url)
+    app = Celery(f"drsvc-{cfg.site}", broker=cfg.redis_url, backend=cfg.redis_url, amqp=LabelledAMQP)
     app.conf.update(
         task_default_queue=cfg.queue,
         task_acks_late=True,                # a worker killed mid-sync gets the task redelivered

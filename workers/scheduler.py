@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from functools import lru_cache
 
 import redis
@@ -24,6 +24,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from drsvc.config import SiteConfig, load
+from drsvc.replication import health
 from drsvc.replication.status import list_schedules
 
 from .tasks import sync_marker
@@ -60,6 +61,7 @@ class SiteScheduler:
         self.redis = redis.Redis.from_url(cfg.redis_url, socket_timeout=5)
         self.sched: BackgroundScheduler | None = None
         self.stop = threading.Event()
+        self._published: dict | None = None
 
     @property
     def lock_key(self) -> str:
@@ -81,7 +83,7 @@ class SiteScheduler:
 
     def _start(self) -> None:
         store = SQLAlchemyJobStore(url=f"sqlite:///{self.cfg.pool}/scheduler.sqlite")
-        self.sched = BackgroundScheduler(jobstores={"default": store}, timezone=timezone.utc,
+        self.sched = BackgroundScheduler(jobstores={"default": store}, timezone=UTC,
                                          job_defaults={"coalesce": True, "max_instances": 1,
                                                        "misfire_grace_time": 3600})
         self.sched.start()
@@ -100,13 +102,22 @@ class SiteScheduler:
                 job.remove()
         for job_id, s in wanted.items():
             job = self.sched.get_job(job_id)
-            if job is not None and getattr(job.trigger, "interval").total_seconds() == s.interval:
+            if job is not None and job.trigger.interval.total_seconds() == s.interval:
                 continue
-            start = datetime.fromtimestamp(s.start_time or time.time(), timezone.utc)
+            start = datetime.fromtimestamp(s.start_time or time.time(), UTC)
             self.sched.add_job(enqueue_sync, IntervalTrigger(seconds=s.interval, start_date=start),
                                id=job_id, args=[str(self.cfg.path), s.unit_id, s.interval],
                                replace_existing=True, name=f"sync {s.unit_id} every {s.interval}s")
             log.info("scheduled %s every %ss", s.unit_id, s.interval)
+        self._publish_next_runs()
+
+    def _publish_next_runs(self) -> None:
+        """Each unit's next run, for `drsvc status` (read by drsvc.replication.health.next_sync)."""
+        runs = {job.id.removeprefix("sync:"): job.next_run_time.timestamp()
+                for job in self.sched.get_jobs() if job.next_run_time is not None}
+        if runs != self._published:
+            health.write_next_runs(self.cfg.pool, runs)
+            self._published = runs
 
     def run(self) -> None:
         while not self.stop.is_set():

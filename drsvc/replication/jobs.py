@@ -17,6 +17,7 @@ from ..errors import (DrsvcError, NeedsResync, NotSecondary, OperationInProgress
                       PeerNotRecorded, SplitBrain)
 from ..transport import Peer
 from . import state as unit_state
+from .health import final_sync
 from .control import (Control, control_from_origin, control_lock, find_control, remove_control, save_control,
                       update_control)
 
@@ -168,9 +169,13 @@ class ReplicationJobs:
             raise PeerNotRecorded(unit_id=unit_id)
         # the received images become the acked base, so the next sync ships only changes
         seed_base(self.pool, unit_id)
+        final = None if force else final_sync(st)     # planned: the demote's final sync is our last sync
         st = unit_state.promote(self.pool, unit_id)
         with control_lock(self.pool, unit_id):
             c.enabled_at = time.time()
+            if final is not None:
+                c.last_sync_time, c.last_sync_duration, c.last_sync_bytes = final
+                c.enabled_at = final[0]
             c.conflict, c.consecutive_failures = "", 0
             save_control(self.pool, c)
         log.info("promoted %s to primary at epoch %d (%s)", unit_id, st.epoch, "forced" if force else "planned")

@@ -102,7 +102,8 @@ def recover(layout: PoolLayout, unit_id: str) -> Journal:
     return j
 
 
-def record_generation(layout: PoolLayout, tx: dict) -> UnitState:
+def record_generation(layout: PoolLayout, tx: dict, *, began: float | None = None,
+                      nbytes: int = 0) -> UnitState:
     st = find_state(layout.root, tx["unit"]) or UnitState(unit_id=tx["unit"], role="secondary")
     st.kind = tx["kind"]
     st.members = [m["volume_id"] for m in tx["members"]]
@@ -119,6 +120,10 @@ def record_generation(layout: PoolLayout, tx: dict) -> UnitState:
     if tx.get("origin"):
         st.origin = tx["origin"]
         unit_origin.ensure_replicas(layout.root, tx["unit"], tx["kind"], tx["origin"])
+    now = time.time()   # the receive record (the brief's contract; read by replication/health.py)
+    st.add_received({"generation": tx["target"], "txid": tx["txid"], "received_at": now,
+                     "duration_s": round(now - began, 4) if began else 0.0, "bytes": int(nbytes),
+                     "captured_at": tx.get("captured_at")})
     save_state(layout.root, st)
     return st
 
@@ -186,7 +191,8 @@ def parse_tx(msg: dict) -> dict:
               "block_size": int(msg["block_size"]), "mode": msg.get("mode", "delta"),
               "force": bool(msg.get("force")), "demote": bool(msg.get("demote")),
               "peer": str(msg.get("peer") or "") or None, "members": members,
-              "origin": unit_origin.parse_origin(msg.get("origin"))}
+              "origin": unit_origin.parse_origin(msg.get("origin")),
+              "captured_at": float(msg["captured_at"]) if msg.get("captured_at") is not None else None}
     except (KeyError, TypeError, ValueError) as e:
         raise ProtocolError(reason=f"bad begin message: {e!r}") from None
     if not members or len(members) > 0xFFFF or len({m["volume_id"] for m in members}) != len(members):
@@ -311,6 +317,7 @@ def verb_apply(layout, reader, out, args):
 
 def receive_transaction(layout: PoolLayout, reader: FrameReader, out: Out, tx: dict,
                         journal: Journal) -> Journal:
+    began, nbytes = time.time(), 0
     validate_begin(layout, tx)
     j = journal
     key = ("unit", "txid", "base", "target")
@@ -326,6 +333,7 @@ def receive_transaction(layout: PoolLayout, reader: FrameReader, out: Out, tx: d
     try:
         while True:
             ftype, body = reader.next_frame()
+            nbytes += protocol.FRAME.size + len(body)
             if ftype == T_RECORD:
                 hdr, payload = protocol.parse_record(body)
                 if hdr.member >= n_members:
@@ -353,7 +361,7 @@ def receive_transaction(layout: PoolLayout, reader: FrameReader, out: Out, tx: d
             failpoint("receiver.after_commit_marker")
             applied = j.apply()
             failpoint("receiver.after_apply")
-            st = record_generation(layout, tx)
+            st = record_generation(layout, tx, began=began, nbytes=nbytes)
             failpoint("receiver.after_state")
             j.discard()
             out.control({"type": "committed", "generation": st.generation, "txid": tx["txid"],

@@ -10,7 +10,7 @@ from __future__ import annotations
 from .. import store
 from ..config import SiteConfig
 from ..dispatch import Dispatcher
-from ..errors import InvalidParameter, NotSecondary, VolumeInGroup
+from ..errors import InvalidParameter, NotPrimary, NotSecondary, VolumeInGroup
 from ..ids import check_name
 from ..model import MOUNT, Capability, ContentSource
 from ..schedule import parse_interval, parse_start_time
@@ -89,6 +89,9 @@ class ReplicationRequests:
 
     def sync_now(self, unit: Unit, *, wait: float | None = None) -> dict:
         self.status.require_enabled(unit)
+        st = unit_state.find_state(self.pool, unit.unit_id)
+        if st is not None and st.role != "primary":      # refused here: no task is queued
+            raise NotPrimary(unit_id=unit.unit_id, role=st.role)
         return self.dispatcher.run("sync", unit.unit_id, {"trigger": "manual"},
                                    wait=self.rpc_wait if wait is None else wait)
 

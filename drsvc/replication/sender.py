@@ -31,6 +31,7 @@ from .blockmap import DEFAULT_BLOCK_SIZE, BlockMap, EmptyMap, check_block_size, 
 from .delta import AdaptiveCodec, PlanWriter, ScanStats, manifest_of, scan_member, stream_records
 from .layout import PoolLayout, check_id
 from .driver import drive
+from .progress import Progress
 from .remote import ApplySession
 from .report import SyncReport
 from .state import UnitState, find_state, save_state
@@ -167,6 +168,7 @@ def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int,
     unit_id = st.unit_id
     tmp = layout.snap_root(unit_id) / f"tmp-{txid}"
     t0 = time.monotonic()
+    captured_at = time.time()          # the origin's capture instant (receive records, data age)
     base_dir = layout.snap_dir(unit_id, st.generation)
     base_meta = {m["volume_id"]: m for m in _base_meta(layout, unit_id, st).get("members", [])}
     timings: dict = {}
@@ -229,7 +231,7 @@ def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int,
             "scanned": stats.scanned, "changed": stats.changed, "zeroed": stats.zeroed,
             "capture_s": t_capture, "freeze_s": timings.get("freeze_s", 0.0),
             "plan_s": time.monotonic() - t0 - t_capture,
-            "created_at": time.time(), "complete": True}
+            "created_at": time.time(), "captured_at": captured_at, "complete": True}
     store.write_doc(tmp / "meta.json", meta)
     return Prepared(tmp, meta)
 
@@ -312,7 +314,7 @@ def _primary_state(pool, unit_id, members, *, kind, epoch, block_size) -> UnitSt
 
 
 def stream(session: ApplySession, prepared: Prepared, report: SyncReport, *, unit_id, epoch,
-            demote, kind, peer_name, compress, origin=None) -> None:
+            demote, kind, peer_name, compress, origin=None, progress_path=None) -> None:
     meta = prepared.meta
     plan_path = prepared.dir / "plan.bin"
     t0 = time.monotonic()
@@ -320,6 +322,7 @@ def stream(session: ApplySession, prepared: Prepared, report: SyncReport, *, uni
           "target": meta["generation"], "epoch": epoch, "block_size": meta["block_size"],
           "mode": meta["mode"], "force": meta["mode"] == "compare", "demote": demote,
           "peer": (origin or {}).get("site") or os.uname().nodename, "origin": origin,
+          "captured_at": meta.get("captured_at"),
           "members": [{k: m[k] for k in ("volume_id", "size", "base_size", "fresh")}
                       for m in meta["members"]]}
     ready = session.begin(tx)
@@ -329,15 +332,18 @@ def stream(session: ApplySession, prepared: Prepared, report: SyncReport, *, uni
         session.restart()
         skip = 0
     fds = [os.open(member_file(prepared.dir, m), os.O_RDONLY) for m in meta["members"]]
+    prog = Progress(progress_path, planned=meta["changed"], generation=meta["generation"]) if progress_path else None
     try:
         try:
-            sent, chain = stream_records(plan_path, fds, session.send, skip=skip,
-                                         codec=AdaptiveCodec(compress))
+            sent, chain = stream_records(plan_path, fds, prog.wrap(session.send) if prog else session.send,
+                                         skip=skip, codec=AdaptiveCodec(compress))
         except ReplicationConflict as e:
             raise ReplicationConflict(unit_id=unit_id, reason=e.fields.get("reason", str(e))) from None
     finally:
         for fd in fds:
             os.close(fd)
+        if prog:
+            prog.done()
     reply = session.commit(chain.count, chain.hexdigest())
     if reply.get("txid") != meta["txid"] or reply.get("generation") != meta["generation"]:
         raise ReplicationConflict(unit_id=unit_id, reason=f"peer committed {reply}, expected {meta['txid']}")

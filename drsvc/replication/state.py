@@ -40,6 +40,7 @@ class UnitState:
     diverged: bool = False             # demoted holding writes the peer lacks: no deltas until resync
     resync_requested: bool = False     # receiver: the next sync must be a compare sync
     origin: dict = field(default_factory=dict)  # receiver: the primary's site, schedule and volumes
+    received: list = field(default_factory=list)  # receiver: receive records, newest last (health.py)
 
     def to_doc(self) -> dict:
         return dataclasses.asdict(self)
@@ -57,6 +58,9 @@ class UnitState:
 
     def add_report(self, report: dict) -> None:
         self.reports = (self.reports + [report])[-MAX_REPORTS:]
+
+    def add_received(self, record: dict) -> None:
+        self.received = (list(self.received or []) + [record])[-MAX_REPORTS:]
 
 
 def find_state(pool, unit_id: str) -> UnitState | None:

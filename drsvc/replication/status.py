@@ -14,6 +14,7 @@ from ..errors import NoSyncYet, NotEnabled, NotPrimary, UnitNotFound
 from ..ids import check_id
 from ..schedule import assess
 from . import state as unit_state
+from .health import secondary_health
 from .control import Control, control_from_origin, find_control
 from .layout import PoolLayout
 
@@ -110,23 +111,20 @@ class ReplicationStatus:
         if c is None:
             raise UnitNotFound(f"replication is not enabled for {unit_id}", unit_id=unit_id)
         role = st.role if st else "primary"
+        last = (c.last_sync_time, c.last_sync_duration, c.last_sync_bytes)
         if role == "primary":
             h = assess(now=time.time(), interval=c.interval, enabled_at=c.enabled_at,
                        last_success=c.last_sync_time + c.last_sync_duration if c.last_sync_time else 0,
                        consecutive_failures=c.consecutive_failures, last_error=c.last_error,
                        conflict=c.conflict)
             status, message, lag, missed = h.status, h.message, h.lag_seconds, h.missed_intervals
-        else:
-            status, lag, missed = "HEALTHY", 0.0, 0
-            message = f"secondary at generation {st.generation if st else 0}"
-            if st is not None and st.diverged:
-                status, message = "DEGRADED", ("demoted with writes the peer does not hold; "
-                                               "ResyncVolume discards them and follows the primary")
-            if st is not None and st.resync_requested:
-                status, message = "DEGRADED", "resync requested; waiting for the primary's next sync"
+        else:   # the receiving side reports from its receive records: lag is the data age
+            r = secondary_health(st, interval=c.interval)
+            status, message, lag, missed = r.status, r.message, r.data_age_seconds, r.silent_intervals
+            last = (r.last_received_at, r.last_duration_s, r.last_bytes)
         return Info(role=role, epoch=st.epoch if st else 0, generation=st.generation if st else 0,
-                    peer=c.peer, interval=c.interval, last_sync_time=c.last_sync_time,
-                    last_sync_duration=c.last_sync_duration, last_sync_bytes=c.last_sync_bytes,
+                    peer=c.peer, interval=c.interval, last_sync_time=last[0],
+                    last_sync_duration=last[1], last_sync_bytes=last[2],
                     status=status, status_message=message, lag_seconds=lag, missed_intervals=missed,
                     consecutive_failures=c.consecutive_failures, failures_total=c.failures_total)
 

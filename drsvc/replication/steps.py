@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from .. import store
+from . import health
 from .faults import failpoint
 from .layout import PoolLayout
 from .report import SyncReport
@@ -164,7 +165,8 @@ class Ship(Step):
             store.fsync_dir(final.parent)
             a.prepared = prepared = Prepared(final, meta)
         stream(a.session, prepared, a.report, unit_id=j.unit_id, epoch=j.epoch, demote=j.demote,
-               kind=a.st.kind, peer_name=j.peer.name, compress=j.compress, origin=j.origin)
+               kind=a.st.kind, peer_name=j.peer.name, compress=j.compress, origin=j.origin,
+               progress_path=health.progress_path(j.layout.root, j.unit_id))
         failpoint("sender.after_commit")
         a.report.duration_s = time.monotonic() - a.t0
         t = time.monotonic()

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import grpc
 import pytest
@@ -71,17 +74,32 @@ def test_metrics_follow_syncs_and_failures(lab):
              what="recovery")
 
 
+def _chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if shutil.which(name):
+            return shutil.which(name)
+    pytest.skip("chromium missing (scripts/setup.sh installs Debian's chromium)")
+
+
+def _headless(tool, *args, timeout=120):
+    return subprocess.run([tool, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                           "--hide-scrollbars", "--virtual-time-budget=10000", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
 def test_flower_shows_replication_tasks_without_secrets(lab, tmp_path):
+    """Flower's task list names each task for its unit and shows its args (Flower's
+    `tasks_columns` option; Celery's *shadow* task name), checked in the rendered page."""
     A = lab.clients["a"]
     sa = lab.sites["a"]
     vol = A.create_volume("f", 64 << 20).volume_id
     A.retry("EnableVolumeReplication", volume_id=vol, parameters={"schedulingInterval": "2s"})
     wait_for(lambda: generation(sa, vol) >= 2, 60, what="syncs")
     port = free_port()
-    log = open(tmp_path / "flower.log", "wb")
     env = dict(os.environ, FLOWER_UNAUTHENTICATED_API="true")
-    p = subprocess.Popen([sys.executable, "-m", "drsvc_cli.main", "flower", "--config", str(sa.config_path),
-                          "--port", str(port)], env=env, stdout=log, stderr=log, start_new_session=True)
+    with open(tmp_path / "flower.log", "wb") as log:
+        p = subprocess.Popen([sys.executable, "-m", "drsvc_cli.main", "flower", "--config", str(sa.config_path),
+                              "--port", str(port)], env=env, stdout=log, stderr=log, start_new_session=True)
     try:
         wait_port(port, 30)
 
@@ -91,10 +109,22 @@ def test_flower_shows_replication_tasks_without_secrets(lab, tmp_path):
             except OSError:
                 return None
             tasks = json.loads(body)
-            return [t for t in tasks.values() if t.get("name") == "drsvc.sync" and t.get("state") == "SUCCESS"]
-        done = wait_for(synced_tasks, 60, interval=1, what="Flower to see completed syncs")
+            return [t for t in tasks.values() if t.get("name") == f"drsvc.sync {vol}" and t.get("state") == "SUCCESS"]
+        done = wait_for(synced_tasks, 60, interval=1, what="Flower to see completed syncs named for the unit")
         assert any(vol in (t.get("args") or "") for t in done)
         assert all("secret" not in json.dumps(t).lower() for t in done)
+        page = urllib.request.urlopen(f"http://127.0.0.1:{port}/tasks", timeout=10).read().decode()
+        assert 'data-column="args"' in page and 'data-column="kwargs"' in page, page[:2000]
+        # the task list as a browser renders it (rows arrive by XHR): the unit id is in the rows
+        tool = _chromium()
+        dom = _headless(tool, "--dump-dom", f"http://127.0.0.1:{port}/tasks")
+        assert dom.returncode == 0, dom.stderr[-2000:]
+        rows = re.findall(r"<tr[^>]*>.*?</tr>", dom.stdout, re.S)
+        assert any(f"drsvc.sync {vol}" in r and "trigger" in r for r in rows), dom.stdout[-3000:]
+        shot = Path(os.environ.get("DRSVC_ARTIFACTS", "/work/artifacts")) / "flower-tasks.png"
+        shot.parent.mkdir(parents=True, exist_ok=True)
+        r = _headless(tool, f"--screenshot={shot}", "--window-size=1600,900", f"http://127.0.0.1:{port}/tasks")
+        assert r.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", r.stderr[-2000:]
     finally:
         os.killpg(p.pid, signal.SIGTERM)
         p.wait(timeout=20)

@@ -1,0 +1,142 @@
+"""Operator health read from durable records (pure functions, plus small file readers).
+
+The receiving side (a secondary) cannot ask the primary how far behind it is,
+so it reports from its own *receive records* (``UnitState.received``: one per
+committed generation, newest last; see the brief's contract and
+docs/architecture.md):
+
+- **data age**: now minus the origin's capture instant of the newest generation held;
+- **last received**: commit time, bytes on the wire, begin-to-commit duration;
+- **primary silent for N intervals**: whole intervals since the primary was last heard
+  from. Past two intervals (plus slack, as for the primary in ``schedule.assess``) the
+  unit is DEGRADED.
+
+Also read here, for the status view: the scheduler's next run per unit and the
+progress of a running sync (both small files the scheduler and sender keep).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .layout import PoolLayout
+
+SLACK_S = 5.0
+NEXT_RUNS = "scheduler-next.json"     # written by workers/scheduler.py (the leader)
+PROGRESS = "progress.json"            # written by drsvc/replication/progress.py while a sync streams
+
+
+@dataclass(frozen=True)
+class ReceiveHealth:
+    status: str                 # HEALTHY | DEGRADED
+    message: str
+    data_age_seconds: float     # now - captured_at of the newest generation held (0 when unknown)
+    silent_intervals: int       # whole intervals since the primary was last heard from
+    last_received_at: float     # 0.0 when nothing was recorded
+    last_duration_s: float
+    last_bytes: int
+    captured_at: float          # 0.0 when unknown
+
+
+def last_received(received) -> dict | None:
+    return received[-1] if received else None
+
+
+def assess_secondary(*, now: float, interval: int, generation: int, received, heard_at: float = 0.0,
+                     diverged: bool = False, resync_requested: bool = False, peer: str = "") -> ReceiveHealth:
+    """Health of a secondary from its receive records.
+
+    heard_at: the last time this copy changed for another reason (it was demoted,
+    say), so a freshly demoted site does not report an old silence."""
+    last = last_received(received or [])
+    rx_at = float(last.get("received_at") or 0.0) if last else 0.0
+    dur = float(last.get("duration_s") or 0.0) if last else 0.0
+    nbytes = int(last.get("bytes") or 0) if last else 0
+    cap = float(last.get("captured_at") or 0.0) if last else 0.0
+    age = max(0.0, now - cap) if cap else 0.0
+    since = max(rx_at, heard_at)
+    silence = max(0.0, now - since) if since else 0.0
+    silent = int(silence // interval) if interval else 0
+    who = f"primary {peer}" if peer else "the primary"
+    if diverged:
+        return ReceiveHealth("DEGRADED", "demoted with writes the peer does not hold; "
+                             "ResyncVolume discards them and follows the primary",
+                             age, silent, rx_at, dur, nbytes, cap)
+    if resync_requested:
+        return ReceiveHealth("DEGRADED", "resync requested; waiting for the primary's next sync",
+                             age, silent, rx_at, dur, nbytes, cap)
+    if since and silence > 2 * interval + SLACK_S:
+        return ReceiveHealth("DEGRADED", f"{who} silent for {silent} intervals ({silence:.0f}s, "
+                             f"interval {interval}s); data age {age:.0f}s", age, silent, rx_at, dur, nbytes, cap)
+    if not last:
+        return ReceiveHealth("HEALTHY", f"secondary at generation {generation}; no receive recorded yet",
+                             age, silent, rx_at, dur, nbytes, cap)
+    return ReceiveHealth("HEALTHY", f"secondary at generation {generation}; data age {age:.0f}s, "
+                         f"last received {max(0.0, now - rx_at):.0f}s ago", age, silent, rx_at, dur, nbytes, cap)
+
+
+def secondary_health(st, *, interval: int, now: float | None = None) -> ReceiveHealth:
+    """assess_secondary for a UnitState (a missing `received` list reads as empty)."""
+    return assess_secondary(now=time.time() if now is None else now, interval=interval,
+                            generation=st.generation, received=getattr(st, "received", None) or [],
+                            heard_at=st.updated_at if st.demoted else 0.0, diverged=st.diverged,
+                            resync_requested=st.resync_requested,
+                            peer=(getattr(st, "origin", None) or {}).get("site") or st.peer or "")
+
+
+def final_sync(st) -> tuple[float, float, int] | None:
+    """At a planned promotion: (start, duration, bytes) of the sync that carried the peer's
+    demotion, which left both copies equal. The new primary reports it as its last sync, so it
+    reads HEALTHY with its lag counted from there, not UNKNOWN until its own first sync."""
+    rec = last_received(getattr(st, "received", None) or [])
+    if rec is None or st.peer_demoted_at is None or rec.get("generation") != st.generation:
+        return None
+    end, dur = float(rec["received_at"]), float(rec.get("duration_s") or 0.0)
+    return end - dur, dur, int(rec.get("bytes") or 0)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(Path(path).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def next_runs_path(pool) -> Path:
+    return PoolLayout(pool).root / NEXT_RUNS
+
+
+def write_next_runs(pool, runs: dict) -> None:
+    """The scheduler's next run per unit ({unit_id: epoch s}); ephemeral, so no fsync."""
+    _write_json(next_runs_path(pool), {"written_at": time.time(), "next": runs})
+
+
+def next_sync(pool, unit_id: str) -> float:
+    """When the scheduler means to queue this unit's next sync (0.0: not scheduled here)."""
+    doc = _read_json(next_runs_path(pool)) or {}
+    return float((doc.get("next") or {}).get(unit_id) or 0.0)
+
+
+def progress_path(pool, unit_id: str) -> Path:
+    return PoolLayout(pool).unit_dir(unit_id) / PROGRESS
+
+
+def progress_of(pool, unit_id: str, *, now: float | None = None, stale_s: float = 30.0) -> dict | None:
+    """A running sync's progress: bytes sent, bytes planned, rate. None when none runs."""
+    doc = _read_json(progress_path(pool, unit_id))
+    now = time.time() if now is None else now
+    if not doc or now - float(doc.get("updated_at") or 0) > stale_s:
+        return None
+    elapsed = max(1e-6, float(doc["updated_at"]) - float(doc["started_at"]))
+    return {"bytes_sent": int(doc["bytes_sent"]), "bytes_planned": int(doc["bytes_planned"]),
+            "started_at": float(doc["started_at"]), "rate_bps": int(doc["bytes_sent"]) / elapsed,
+            "generation": int(doc.get("generation") or 0)}
+
+
+def _write_json(path: Path, doc: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, path)

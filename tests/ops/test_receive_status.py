@@ -1,0 +1,105 @@
+"""The DR site knows its data age: receive records, status, Admin and /metrics at the secondary.
+
+Compare `rbd mirror image status` on a non-primary image (`up+replaying`, `last_update`) and
+VolSync's ReplicationDestination `status.lastSyncTime`: the receiving side reports from what it
+received. GetVolumeReplicationInfo stays FAILED_PRECONDITION on a secondary, as the seed says
+(kubernetes-csi-addons internal/controller/replication.storage/volumereplication_controller.go
+calls it only on the primary).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import grpc
+
+from drsvc.replication.health import assess_secondary
+from drsvc.replication.state import find_state
+from tests.dr.helpers import code_of, generation, wait_for, write_random
+from tests.ops.test_monitoring import Metrics, scrape
+
+INTERVAL = 2
+
+
+def test_assess_secondary_pure():
+    rec = [{"generation": 3, "txid": "t", "received_at": 1000.0, "duration_s": 0.5, "bytes": 42,
+            "captured_at": 999.0}]
+    h = assess_secondary(now=1003.0, interval=10, generation=3, received=rec)
+    assert (h.status, h.data_age_seconds, h.silent_intervals, h.last_bytes) == ("HEALTHY", 4.0, 0, 42)
+    h = assess_secondary(now=1000.0 + 26, interval=10, generation=3, received=rec, peer="a")
+    assert h.status == "DEGRADED" and h.silent_intervals == 2 and "primary a silent for 2 intervals" in h.message
+    assert h.data_age_seconds == 27.0
+    # a freshly demoted site counts its silence from the demotion, not from an old receive
+    h = assess_secondary(now=1026.0, interval=10, generation=3, received=rec, heard_at=1020.0)
+    assert h.status == "HEALTHY"
+    # a missing list reads as empty
+    h = assess_secondary(now=5.0, interval=10, generation=0, received=None)
+    assert h.status == "HEALTHY" and h.data_age_seconds == 0.0 and h.last_received_at == 0.0
+
+
+def _cli_status(site, vol):
+    p = subprocess.run([sys.executable, "-m", "drsvc_cli.main", "status", "--volume", vol, "--config",
+                        str(site.config_path), "--json"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return json.loads(p.stdout.splitlines()[-1])["result"]
+
+
+def test_secondary_degrades_when_primary_is_silent_and_recovers(lab):
+    from drsvc_cli.client import DrClient
+    A, B = lab.clients["a"], lab.clients["b"]
+    sa, sb = lab.sites["a"], lab.sites["b"]
+    vol = A.create_volume("age", 64 << 20).volume_id
+    write_random(sa, vol, seed=7)
+    A.retry("EnableVolumeReplication", volume_id=vol, parameters={"schedulingInterval": f"{INTERVAL}s"})
+    wait_for(lambda: generation(sb, vol) >= 2, 90, what="syncs to land at b")
+
+    # the contract: one receive record per committed generation, newest last
+    st = find_state(sb.pool, vol)
+    rec = st.received[-1]
+    assert set(rec) == {"generation", "txid", "received_at", "duration_s", "bytes", "captured_at"}
+    assert rec["generation"] == st.generation and rec["txid"] == st.txid and rec["bytes"] > 0
+    assert rec["captured_at"] <= rec["received_at"] and rec["duration_s"] >= 0
+    assert [r["generation"] for r in st.received] == sorted(r["generation"] for r in st.received)
+
+    bc = DrClient(sb.endpoint)
+    s = bc.status(volume_id=vol)
+    assert s["role"] == "secondary" and s["status"] == "HEALTHY", s
+    assert s["last_sync_bytes"] > 0 and s["last_sync_time"] > 0
+    assert code_of(lambda: B.call("GetVolumeReplicationInfo", volume_id=vol)) == \
+        grpc.StatusCode.FAILED_PRECONDITION
+
+    key = f'site="b",unit="{vol}",kind="volume",peer="a"'
+    port = sb.cfg.metrics_port
+    # pause the primary's scheduler: no sync is queued, the secondary must notice
+    sched = sa.run.pid("scheduler")
+    os.kill(sched, signal.SIGSTOP)
+    try:
+        wait_for(lambda: bc.status(volume_id=vol)["status"] == "DEGRADED", 60, interval=0.5,
+                 what="the secondary to report the silent primary")
+        s1 = bc.status(volume_id=vol)
+        assert "primary a silent for" in s1["status_message"] and s1["missed_intervals"] >= 2, s1
+        m1 = Metrics(scrape(port))
+        c1 = _cli_status(sb, vol)
+        time.sleep(INTERVAL + 0.5)
+        s2 = bc.status(volume_id=vol)
+        m2 = Metrics(scrape(port))
+        c2 = _cli_status(sb, vol)
+        assert s2["lag_seconds"] > s1["lag_seconds"] and s2["missed_intervals"] >= s1["missed_intervals"]
+        assert m2[f"drsvc_replication_lag_seconds{{{key}}}"] > m1[f"drsvc_replication_lag_seconds{{{key}}}"]
+        assert m2[f'drsvc_replication_health{{{key},status="DEGRADED"}}'] == 1
+        assert m2[f"drsvc_replication_missed_intervals{{{key}}}"] >= 2
+        assert c2["status"] == "DEGRADED" and c2["lag_seconds"] > c1["lag_seconds"]
+        assert code_of(lambda: B.call("GetVolumeReplicationInfo", volume_id=vol)) == \
+            grpc.StatusCode.FAILED_PRECONDITION
+    finally:
+        os.kill(sched, signal.SIGCONT)
+    wait_for(lambda: bc.status(volume_id=vol)["status"] == "HEALTHY", 90, interval=0.5, what="recovery")
+    s3 = bc.status(volume_id=vol)
+    assert s3["lag_seconds"] < s2["lag_seconds"] and s3["missed_intervals"] == 0
+    wait_for(lambda: Metrics(scrape(port))[f'drsvc_replication_health{{{key},status="HEALTHY"}}'] == 1, 30,
+             what="/metrics to recover")
+    bc.close()
