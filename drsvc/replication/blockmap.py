@@ -119,7 +119,7 @@ class BlockMap:
 
     # -- lifecycle
     @classmethod
-    def create(cls, path: Path, block_size: int, size: int) -> "BlockMap":
+    def create(cls, path: Path, block_size: int, size: int) -> BlockMap:
         check_block_size(block_size)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         m = cls(path, fd, block_size, size, True)
@@ -128,7 +128,7 @@ class BlockMap:
         return m
 
     @classmethod
-    def open(cls, path: Path, *, writable: bool = False) -> "BlockMap":
+    def open(cls, path: Path, *, writable: bool = False) -> BlockMap:
         fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
         try:
             raw = os.pread(fd, HEADER.size, 0)
@@ -143,7 +143,7 @@ class BlockMap:
         return cls(path, fd, bs, size, writable)
 
     @classmethod
-    def empty(cls, block_size: int) -> "EmptyMap":
+    def empty(cls, block_size: int) -> EmptyMap:
         return EmptyMap(block_size)
 
     def close(self) -> None:
@@ -165,9 +165,7 @@ class BlockMap:
         old_blocks = self.blocks
         self.size = size
         new_blocks = self.blocks
-        if new_blocks < old_blocks:
-            os.ftruncate(self.fd, HEADER.size + new_blocks * DIGEST)
-        elif new_blocks > old_blocks:
+        if new_blocks < old_blocks or new_blocks > old_blocks:
             os.ftruncate(self.fd, HEADER.size + new_blocks * DIGEST)
         self._write_header()
 

@@ -46,7 +46,7 @@ class UnitState:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_doc(cls, doc: dict, path="state.json") -> "UnitState":
+    def from_doc(cls, doc: dict, path="state.json") -> UnitState:
         names = {f.name for f in dataclasses.fields(cls)}
         try:
             st = cls(**{k: v for k, v in doc.items() if k in names})

@@ -34,7 +34,7 @@ class LocalChannel(Channel):
     def recv(self, n: int) -> bytes:
         try:
             return self.sock.recv(min(n, _BUF))
-        except socket.timeout:
+        except TimeoutError:
             raise PeerUnreachable(peer=self.name, reason="receiver did not answer in time") from None
         except OSError as e:
             raise PeerUnreachable(peer=self.name, reason=f"receiver connection lost: {e}") from None
@@ -89,7 +89,7 @@ class LocalPeer(Peer):
                 try:
                     sock, _ = listener.accept()
                     break
-                except socket.timeout:
+                except TimeoutError:
                     waited += 0.2
                     if proc.poll() is not None or waited > 30:
                         proc.kill()

@@ -5,7 +5,6 @@ import threading
 import time
 
 import grpc
-import pytest
 
 from csi_plugin.gen import csi_pb2, volumegroup_pb2
 from drsvc.replication.state import find_state

@@ -42,7 +42,7 @@ class CuttingProxy:
         while not self._stop.is_set():
             try:
                 client, _ = self.listener.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return
