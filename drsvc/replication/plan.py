@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import ReplicaIsPrimary, ReplicationConflict
-from ..host.fiemap import (FIEMAP_EXTENT_LAST, FIEMAP_EXTENT_SHARED, FIEMAP_EXTENT_UNWRITTEN,
+from ..host.fiemap import (FIEMAP_EXTENT_UNWRITTEN,
                           UNTRUSTED_PHYSICAL, Extent)
 from .blockmap import DIGEST, ZERO
 
@@ -140,29 +140,13 @@ def plan_from_extents(new: list[Extent], base: list[Extent], new_size: int, base
 
 
 def plan_from_extent_arrays(new, base, new_size: int, base_size: int, bs: int) -> MemberScan:
-    """plan_from_extents for numpy extent arrays (host.fiemap.fiemap_array).
-
-    Extents identical in both maps (same logical range, same physical start, same
-    flags but LAST/SHARED, physical trusted) are dropped first, without a Python
-    loop; what is left follows the change, not the image's extent count. Dropping
-    them changes nothing: an identical extent is data in both, shared, and the
-    extents of one file do not overlap, so no other pair involves its range."""
-    import numpy as np
-    keep = np.uint32(0xFFFFFFFF & ~(FIEMAP_EXTENT_LAST | FIEMAP_EXTENT_SHARED))
-    same = np.zeros(len(new), dtype=bool)
-    drop_base = np.zeros(len(base), dtype=bool)
-    if len(new) and len(base):
-        nf, bf = new["flags"] & keep, base["flags"] & keep
-        idx = np.minimum(np.searchsorted(base["logical"], new["logical"]), len(base) - 1)
-        same = ((base["logical"][idx] == new["logical"]) & (base["physical"][idx] == new["physical"])
-                & (base["length"][idx] == new["length"]) & (bf[idx] == nf)
-                & ((nf & np.uint32(UNTRUSTED_PHYSICAL)) == 0))
-        drop_base[idx[same]] = True
-
-    def extents(arr):
-        return [Extent(int(lo), int(ph), int(ln), int(fl)) for lo, ph, ln, fl in
-                zip(arr["logical"], arr["physical"], arr["length"], arr["flags"], strict=True)]
-    return plan_from_extents(extents(new[~same]), extents(base[~drop_base]), new_size, base_size, bs)
+    """plan_from_extents for numpy extent arrays (host.fiemap.fiemap_array), computed
+    on arrays (replication.extentplan): no Python loop per extent, so an aged
+    image's extent count costs vector work, not interpreter time."""
+    from .extentplan import plan_arrays
+    scan, clear = plan_arrays(new, base, new_size, base_size, bs,
+                              _boundary_blocks(new_size, base_size, bs))
+    return MemberScan(scan=scan, clear=clear)
 
 
 def plan_full_scan(new_data: list[Interval], new_size: int, base_size: int, bs: int) -> MemberScan:
