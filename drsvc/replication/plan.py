@@ -161,11 +161,14 @@ def plan_full_scan(new_data: list[Interval], new_size: int, base_size: int, bs: 
 def changed_runs(new_digests: bytes, base_digests: bytes, first_block: int):
     """Runs of changed blocks as (first_block, count, is_zero), in order.
 
-    Adjacent changed blocks of the same kind coalesce; the caller bounds run length."""
+    Adjacent changed blocks of the same kind coalesce; the caller bounds run length.
+    Long windows (a full scan) are compared as arrays, not block by block."""
     if new_digests == base_digests:
         return []
-    runs = []
     n = len(new_digests) // DIGEST
+    if n >= 32:
+        return _changed_runs_array(new_digests, base_digests, first_block, n)
+    runs = []
     run_start = -1
     run_zero = False
     for i in range(n):
@@ -185,6 +188,21 @@ def changed_runs(new_digests: bytes, base_digests: bytes, first_block: int):
     if run_start >= 0:
         runs.append((first_block + run_start, n - run_start, run_zero))
     return runs
+
+
+def _changed_runs_array(new_digests, base_digests, first_block: int, n: int):
+    import numpy as np
+    a = np.frombuffer(new_digests, dtype=np.uint64, count=2 * n).reshape(n, 2)
+    b = np.frombuffer(base_digests, dtype=np.uint64, count=2 * n).reshape(n, 2)
+    changed = (a != b).any(axis=1)
+    key = changed.astype(np.int8) + (changed & (a == 0).all(axis=1))   # 0 same, 1 data, 2 zero
+    cut = np.flatnonzero(key[1:] != key[:-1]) + 1
+    starts = np.concatenate(([0], cut))
+    counts = np.diff(np.append(starts, n))
+    kind = key[starts]
+    sel = kind > 0
+    return list(zip((starts[sel] + first_block).tolist(), counts[sel].tolist(), (kind[sel] == 2).tolist(),
+                    strict=True))
 
 
 def nonzero_runs(digests: bytes, first_block: int):

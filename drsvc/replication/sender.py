@@ -25,6 +25,7 @@ from .. import store
 from ..errors import CorruptMetadata, InvalidParameter, NotPrimary, ReplicationConflict, StaleEpoch
 from ..host.fiemap import fiemap_array
 from ..host.reflink import clone_file, data_ranges
+from . import extentplan  # noqa: F401 - numpy loads with the sender, not inside a worker's first sync
 from . import plan as planner
 from .capture import capture, roll_forward
 from .blockmap import DEFAULT_BLOCK_SIZE, BlockMap, EmptyMap, check_block_size, copy_map

@@ -65,3 +65,23 @@ def test_vectorized_interval_algebra():
     b = extentplan.normalize([10, 150], [20, 300])
     s, e = extentplan.subtract(a, b)
     assert list(zip(s.tolist(), e.tolist(), strict=True)) == [(0, 10), (20, 50), (100, 150)]
+
+
+@given(st.lists(st.sampled_from(["same", "data", "zero"]), min_size=32, max_size=300))
+@settings(max_examples=200, deadline=None)
+def test_changed_runs_array_path_equals_block_by_block(kinds):
+    """Long windows take the array path; it names the same runs as the per-block loop
+    (which short windows keep), checked by running the loop on 31-block pieces."""
+    from drsvc.replication.blockmap import DIGEST, ZERO
+    base = b"".join(bytes([1 + i % 200]) * DIGEST for i in range(len(kinds)))
+    new = b"".join(base[i * DIGEST:(i + 1) * DIGEST] if k == "same" else
+                   ZERO if k == "zero" else bytes([250]) * DIGEST for i, k in enumerate(kinds))
+    got = plan.changed_runs(new, base, 1000)
+    blocks = {}
+    for first in range(0, len(kinds), 31):        # the loop path, block by block
+        for b, c, z in plan.changed_runs(new[first * DIGEST:(first + 31) * DIGEST],
+                                         base[first * DIGEST:(first + 31) * DIGEST], 1000 + first):
+            blocks.update({b + i: z for i in range(c)})
+    assert {b + i: z for b, c, z in got for i in range(c)} == blocks
+    for (b1, c1, z1), (b2, _, z2) in zip(got, got[1:], strict=False):   # maximal runs
+        assert b1 + c1 < b2 or z1 != z2
