@@ -44,6 +44,7 @@ class Captured:
     reflinked: bool
     overlay: bool = False
     scan: planner.MemberScan | None = None   # overlay: ranges to hash / to clear
+    cloned: int = 0                  # overlay: ranges cloned (FICLONERANGE calls)
 
 
 def _ranges_file(path: Path, intervals) -> None:
@@ -170,7 +171,7 @@ def _overlay(src: Path, dest: Path, vol: str, base, bs: int):
         os.close(fd)
     _ranges_file(dest / f"{vol}.ranges", clone)
     _ranges_file(dest / f"{vol}.clear", ms.clear)
-    return Captured(vol, path, True, overlay=True, scan=ms), (st.st_mtime_ns, size)
+    return Captured(vol, path, True, overlay=True, scan=ms, cloned=len(clone)), (st.st_mtime_ns, size)
 
 
 def roll_forward(base_img: Path, overlay_dir: Path, vol: str, size: int) -> None:
