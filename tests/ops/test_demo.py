@@ -43,11 +43,13 @@ def _mentions(root: Path) -> dict:
 
 
 def _alive(pid: int) -> bool:
+    """Running: it exists and has not exited (an exited child of a process that is gone
+    waits, a zombie, for init to reap it; it holds no port, file or mount)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
         return False
-    return True
+    return state != "Z"
 
 
 def _listening(port: int) -> bool:
