@@ -33,7 +33,7 @@ MiB, GiB = 1 << 20, 1 << 30
 VOLUME_SIZE = 1 * GiB          # every volume; sparse, so only written blocks cost anything
 INTERVAL = "10s"               # the group's schedule: scheduled syncs land while the demo runs
 DB_INTERVAL = "5m"             # the database volume's; the demo syncs it on demand after each burst
-DB_PAGES = 256 * MiB           # the database's page file
+DB_PAGES = 128 * MiB           # the database's page file
 # (label, bytes appended to the write-ahead log, 8 KiB pages rewritten at random)
 ROUNDS = (("commits", 4 * MiB, 512), ("commits", 4 * MiB, 512), ("checkpoint", 1 * MiB, 2048))
 
@@ -123,6 +123,12 @@ def playbook(lab: Lab, name: str, extra: dict, work: Path) -> dict:
     recap = [ln for ln in r.stdout.splitlines() if "ok=" in ln and "failed=" in ln]
     said = [json.loads(m.group(1)) for ln in r.stdout.splitlines() if (m := _MSG.match(ln))]
     return {"playbook": name, "recap": " ".join(recap[-1].split()[2:]) if recap else "", "said": said}
+
+
+def cli(*args) -> dict:
+    """One `drsvc` runbook command (`--json`), as an operator would type it."""
+    r = runner.run([sys.executable, "-m", "drsvc_cli.main", *args, "--json"], timeout=300)
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def _wait(what: str, fn, timeout: float):
@@ -249,17 +255,25 @@ def run_demo(*, keep: bool = False, as_json: bool = False, root: str | None = No
             show=lambda d: demo_view.pairs({"recap": d["recap"], "result": "\n".join(d["said"])}, steps.console.width))
 
         def failover():
-            out = {}
-            for unit in ({"group_id": ids["group"]}, {"volume_id": ids["volume"]}):
-                run = playbook(lab, "planned-failover.yml", {"primary_site": "a", "secondary_site": "b", **unit},
-                               work)
+            run = playbook(lab, "planned-failover.yml", {"primary_site": "a", "secondary_site": "b",
+                                                         "group_id": ids["group"]}, work)
+            out = {"group (Ansible)": " / ".join(run["said"]) or run["recap"]}
+            # the volume through the runbook CLI, as the README's planned failover reads
+            vid = ids["volume"]
+            for site, verb in (("a", "demote"), ("b", "promote")):
+                cli(verb, "--config", lab.sites[site].config_path, "--volume", vid)
+            sa, sb = a.status(volume_id=vid), b.status(volume_id=vid)
+            out["volume (CLI)"] = (f"drsvc demote --config a.toml --volume {vid}; drsvc promote --config b.toml "
+                                   f"--volume {vid}\nvolume {vid}: b is {sb['role']} at epoch {sb['epoch']} "
+                                   f"({sb['status']}), a is {sa['role']}")
+            for unit in ({"group_id": ids["group"]}, {"volume_id": vid}):
                 st = b.status(**unit)
                 if st["role"] != "primary" or st["status"] != "HEALTHY":
                     raise AssertionError(f"after the failover, b reports {st['role']} {st['status']}: "
                                          f"{st['status_message']}")
-                out["group" if "group_id" in unit else "volume"] = " / ".join(run["said"]) or run["recap"]
             return out
-        steps.run("planned failover of the group and the volume (playbooks/planned-failover.yml)", failover)
+        steps.run("planned failover: the group with playbooks/planned-failover.yml, the volume with the CLI",
+                  failover)
 
         def verify():
             sums = {}

@@ -84,6 +84,7 @@ def test_demo_keep_then_down_leaves_nothing(tmp_path):
 
         # the planned failover reads HEALTHY at the new primary, never UNKNOWN
         failover = next(s for s in doc["steps"] if s["step"].startswith("planned failover"))
+        assert set(failover["detail"]) == {"group (Ansible)", "volume (CLI)"}, failover
         said = " ".join(failover["detail"].values())
         assert said.count("b is primary at epoch 1 (HEALTHY)") == 2 and "UNKNOWN" not in said, said
 
