@@ -109,7 +109,7 @@ def cuts_under_the_worker(lab, rnd, rounds):
             cuts = proxy.cuts
             proxy.arm(rnd.randrange(delta // 3, delta * 2 // 3))
             threading.Thread(target=_quiet, args=(sync_now, A, vol, 2), daemon=True).start()
-            wait_for(lambda: generation(sa, vol) >= target, 90, what="the retried sync")
+            wait_for(lambda target=target: generation(sa, vol) >= target, 90, what="the retried sync")
             assert proxy.cuts > cuts
             fault()
             _receivers_gone(sb.pool)

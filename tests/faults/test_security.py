@@ -165,7 +165,7 @@ def test_secrets_and_keys_stay_out_of_logs(flab):
         for method, kw in (("EnableVolumeReplication", {"parameters": {"schedulingInterval": "1h"}}),
                            ("GetVolumeReplicationInfo", {}), ("DemoteVolume", {}), ("ResyncVolume", {}),
                            ("DisableVolumeReplication", {})):
-            reissue(lambda: A.call(method, volume_id=vol, secrets=secrets, **kw), what=method)
+            reissue(lambda method=method, kw=kw: A.call(method, volume_id=vol, secrets=secrets, **kw), what=method)
         # a bad call too: errors are logged with more context
         try:
             A.call("PromoteVolume", volume_id="vol-" + "0" * 24, secrets=secrets)
