@@ -147,6 +147,7 @@ from ansible.module_utils.basic import AnsibleModule
 # fork support on, its at-fork handlers restart the event engine in the child, which then
 # trips over the descriptors the spawn closes: seen as SIGABRT (rc -6) or a probe with no
 # output. The child only execs, so it needs none of that. Set before grpc is imported.
+# Upstream: grpc/grpc#43055 (EBADF after subprocess.Popen since grpcio 1.81; workaround as #13873).
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 try:
