@@ -282,10 +282,12 @@ def cmd_resync(args, out: Output):
         deadline = time.monotonic() + (args.wait if args.wait_ready else 0)
         with out.progress("resync") as tick:
             while True:
-                resp = c.until_done(lambda: c.replication("ResyncVolume", **unit), wait=60, progress=tick)
+                resp = c.until_done(lambda: c.replication("ResyncVolume", force=args.force, **unit), wait=60,
+                                    progress=tick)
                 if resp.ready or time.monotonic() > deadline:
                     break
-                tick("waiting for the primary's next sync")
+                tick("waiting for the primary's next sync" if args.force else
+                     "not consistent; a copy with writes the primary lacks needs --force")
                 time.sleep(1)
         result = {"ready": resp.ready, **c.status(**unit)}
         out.result("resync", result)
@@ -418,7 +420,10 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "promote":
             p.add_argument("--force", action="store_true", help="promote with the peer unreachable (fences it)")
         p.set_defaults(fn=cmd_replication)
-    p = sub.add_parser("resync", parents=[common, unit], help="discard local divergence and follow the primary")
+    p = sub.add_parser("resync", parents=[common, unit],
+                       help="check this copy against the primary; with --force discard divergence and follow it")
+    p.add_argument("--force", action="store_true",
+                   help="discard writes this site holds and the primary does not (ResyncVolume force)")
     p.add_argument("--wait", dest="wait_ready", action="store_true", help="wait until the copy is consistent")
     p.add_argument("--timeout-wait", dest="wait", type=float, default=300)
     p.set_defaults(fn=cmd_resync)

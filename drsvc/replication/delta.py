@@ -37,7 +37,7 @@ class ScanStats:
 
 class PlanWriter:
     def __init__(self, path):
-        self.f = open(path, "wb", buffering=1 << 20)  # noqa: SIM115 - closed by close()
+        self.f = open(path, "wb", buffering=1 << 20)  # noqa: SIM115 - the writer owns it; close() closes it
         self.count = 0
 
     def add(self, member: int, is_zero: bool, offset: int, length: int, checksum: int) -> None:

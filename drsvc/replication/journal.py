@@ -119,6 +119,7 @@ class Journal:
         self._data_pos = 0
         self._staging_fds: dict[int, int] = {}
         self._wb = _Writeback()
+        self._unflushed = 0     # payload bytes journaled since the record headers last left our buffer
         self.chain = ManifestChain()
 
     # -- paths
@@ -270,6 +271,12 @@ class Journal:
         codec = CODEC_ZERO if data is None else CODEC_RAW
         self._records.write(RECORD.pack(hdr.member, codec, flags, hdr.offset, hdr.length, hdr.checksum))
         self.chain.update(hdr.member, data is None, hdr.offset, hdr.length, hdr.checksum)
+        # the payloads go straight to the kernel; hand it the headers too about every _BUF of
+        # payload, or a killed receiver loses its whole index and the next attempt cannot resume
+        self._unflushed += hdr.length
+        if self._unflushed >= _BUF:
+            self._records.flush()
+            self._unflushed = 0
 
     def sync(self) -> None:
         if self._records is not None:

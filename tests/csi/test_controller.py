@@ -88,7 +88,7 @@ def test_list_paging(plugin):
         assert sizes == [3, 3, 1] and sorted(ids) == sorted(want) and len(set(ids)) == 7
         assert sorted(list_all(fetch, 0)[1]) == sorted(want)
         for bad in ("nonsense", "99", "-1", "3x"):
-            assert code_of(lambda: fetch(3, bad)) == Code.ABORTED
+            assert code_of(lambda fetch=fetch, bad=bad: fetch(3, bad)) == Code.ABORTED
 
     one = plugin.controller.ListSnapshots(csi_pb2.ListSnapshotsRequest(snapshot_id=snaps[2]))
     assert [e.snapshot.snapshot_id for e in one.entries] == [snaps[2]]

@@ -37,14 +37,14 @@ def test_concurrent_stage_distinct_loops(plugin, paths):
     vols = [plugin.create(f"conc-{i}", 32 * MiB) for i in range(10)]
     stagings = [paths(f"c{i}")[0] for i in range(10)]
     with ThreadPoolExecutor(max_workers=10) as ex:
-        list(ex.map(lambda a: plugin.stage(a[0].volume_id, a[1]), zip(vols, stagings)))
+        list(ex.map(lambda a: plugin.stage(a[0].volume_id, a[1]), zip(vols, stagings, strict=True)))
     devices = [loop_of(plugin.pool, v.volume_id) for v in vols]
     assert len(set(devices)) == 10, devices
     mounted = {m.target: m.source for m in mountinfo()}
-    for s, dev in zip(stagings, devices):
+    for s, dev in zip(stagings, devices, strict=True):
         assert mounted.get(str(s)) == dev
     with ThreadPoolExecutor(max_workers=10) as ex:
-        list(ex.map(lambda a: plugin.unstage(a[0].volume_id, a[1]), zip(vols, stagings)))
+        list(ex.map(lambda a: plugin.unstage(a[0].volume_id, a[1]), zip(vols, stagings, strict=True)))
     assert not any(str(s) in {m.target for m in mountinfo()} for s in stagings)
 
 

@@ -23,7 +23,7 @@ def _group(client, name, n=3):
 
 def test_volume_and_group_replicate_on_schedule(lab):
     A, B = lab.clients["a"], lab.clients["b"]
-    sa, sb = lab.sites["a"], lab.sites["b"]
+    sa = lab.sites["a"]
     vol = A.create_volume("db", 64 << 20).volume_id
     gid, members = _group(A, "app")
     write_random(sa, vol, seed=1)
@@ -124,8 +124,16 @@ def test_forced_failover_split_brain_and_resync(lab):
     # resync is refused until A is demoted
     assert code_of(lambda: A.call("ResyncVolume", volume_id=vol)) == grpc.StatusCode.FAILED_PRECONDITION
     A.retry("DemoteVolume", volume_id=vol)
+    # without force the demoted site keeps its divergent writes (issue 10 item 3: the controller
+    # sends force = spec.autoResync, false by default): not ready, and A's image is left alone
+    diverged = image_sha(sa, vol)
     assert A.retry("ResyncVolume", volume_id=vol).ready is False
-    wait_for(lambda: A.retry("ResyncVolume", volume_id=vol).ready, 60, what="resync to finish")
+    time.sleep(6)    # three of B's 2 s intervals: a sync that overwrote A would have landed
+    assert A.retry("ResyncVolume", volume_id=vol).ready is False
+    assert image_sha(sa, vol) == diverged
+    # with force (Ramen's failover, or autoResync) the divergent blocks are discarded
+    assert A.retry("ResyncVolume", volume_id=vol, force=True).ready is False
+    wait_for(lambda: A.retry("ResyncVolume", volume_id=vol, force=True).ready, 60, what="resync to finish")
     assert image_sha(sa, vol) == image_sha(sb, vol)
     rep = last_report(sb, vol)
     compare = [r for r in find_state(sb.pool, vol).reports if r["mode"] == "compare"]

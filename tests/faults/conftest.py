@@ -48,7 +48,7 @@ def heal(lab: Lab) -> None:
             (s.root / "ssh" / f"{p}.known_hosts").write_text(text)
         if not s.sshd_pid:
             lab.start_sshd(n)
-    for n, s in lab.sites.items():
+    for s in lab.sites.values():
         if changed:
             s.run.stop("worker")
         s.run.up()

@@ -95,7 +95,7 @@ def apply_and_stream_kills(lab, rnd, rounds):
         before = generation(sb, vol)
         killed = []
 
-        def killer():
+        def killer(during_apply=during_apply, before=before, killed=killed):
             deadline = time.monotonic() + 20
             if during_apply:
                 while not commit.exists() and time.monotonic() < deadline:
@@ -146,11 +146,11 @@ def worker_path_kills(lab, rnd, rounds):
         set_receiver_failpoints(lab, "b", [rnd.choice(POINTS)])
         try:
             threading.Thread(target=_quiet, args=(sync_now, A, vol, 2), daemon=True).start()
-            wait_for(lambda: _failures(ctl) > failures, 30, interval=0.05, what="the killed sync to fail")
+            wait_for(lambda ctl=ctl, failures=failures: _failures(ctl) > failures, 30, interval=0.05, what="the killed sync to fail")
             fault()
         finally:
             set_receiver_failpoints(lab, "b", ())
-        wait_for(lambda: generation(sa, vol) >= target, 60, what="the retried sync")
+        wait_for(lambda target=target: generation(sa, vol) >= target, 60, what="the retried sync")
         gens.check_whole(sb, vol)
         check_converged(sa, sb, vol, [vol])
 

@@ -15,7 +15,7 @@ from tests.dr.helpers import generation, wait_for, wait_synced_after, write_rand
 from tests.fixtures.sites import image_sha
 
 from .steps import (MiB, Generations, check_converged, intervals_overlap, receiver_pids, reissue,
-                    status, sync_now)
+                    status, sync_now, write_quiesced)
 from .tally import fault
 
 
@@ -66,7 +66,7 @@ def worker_kills(lab, rnd, rounds):
         gens.check_whole(sb, vol)
         sa.run.start("worker")
         # nobody asks again: the redelivered task (acks_late) finishes the generation
-        wait_for(lambda: generation(sa, vol) >= target, 120, what="the redelivered sync")
+        wait_for(lambda target=target: generation(sa, vol) >= target, 120, what="the redelivered sync")
         gens.check_whole(sb, vol)
         check_converged(sa, sb, vol, [vol])
         resumed += find_state(sa.pool, vol).reports[-1]["resumed"]
@@ -79,14 +79,15 @@ def redis_during_sync(lab, rnd, rounds):
     sa, sb = lab.sites["a"], lab.sites["b"]
     vol, gens = _replicated(lab, f"rsync-{rnd.randrange(1 << 30)}", 128 * MiB, bw=32 * MiB, interval="2s")
     for _ in range(rounds):
-        write_random(sa, vol, count=rnd.randint(64, 128), size=256 << 10, seed=rnd.random())
+        # the schedule runs while we write: hold the unit so no capture lands mid-write
+        write_quiesced(sa, vol, count=rnd.randint(64, 128), size=256 << 10, seed=rnd.random())
         gens.record(sa, vol)
         target = generation(sa, vol) + 1
         wait_for(lambda: receiver_pids(sb.pool), 30, interval=0.01, what="a scheduled sync")
         time.sleep(rnd.uniform(0.0, 0.8))
         lab.restart_redis("a")
         fault()
-        wait_for(lambda: generation(sa, vol) >= target, 120, what="the sync in flight to land")
+        wait_for(lambda target=target: generation(sa, vol) >= target, 120, what="the sync in flight to land")
         gens.check_whole(sb, vol)
     # no schedule lost: syncs keep coming without anyone asking
     wait_synced_after(lab, vol, [vol], timeout=90)
@@ -99,16 +100,16 @@ def redis_during_sync(lab, rnd, rounds):
 
 def _failover(lab, vol, old, new, *, during, rnd):
     """Planned failover old -> new; `during(site)` hits `new` while its Promote runs."""
-    O, N = lab.clients[old], lab.clients[new]
+    co, cn = lab.clients[old], lab.clients[new]
     so, sn = lab.sites[old], lab.sites[new]
-    reissue(lambda: O.call("DemoteVolume", volume_id=vol), what="demote")
+    reissue(lambda: co.call("DemoteVolume", volume_id=vol), what="demote")
     before = find_state(so.pool, vol).epoch
-    t = _in_background(N.call, "PromoteVolume", volume_id=vol)
+    t = _in_background(cn.call, "PromoteVolume", volume_id=vol)
     time.sleep(rnd.uniform(0.0, 0.4))
     during(new)
     fault()
     t.join(timeout=90)
-    reissue(lambda: N.call("PromoteVolume", volume_id=vol), what="re-issued promote")
+    reissue(lambda: cn.call("PromoteVolume", volume_id=vol), what="re-issued promote")
     st = find_state(sn.pool, vol)
     assert st.role == "primary" and st.epoch == before + 1, (st.role, st.epoch, before)
     assert find_state(so.pool, vol).role == "secondary"
@@ -139,22 +140,24 @@ def plugin_during_resync(lab, rnd, rounds):
     sa, sb = lab.sites["a"], lab.sites["b"]
     for _ in range(rounds):
         vol, _ = _replicated(lab, f"rsy-{rnd.randrange(1 << 30)}", 32 * MiB, interval="2s")
-        reissue(lambda: B.call("PromoteVolume", volume_id=vol, force=True), what="forced promote")
+        reissue(lambda vol=vol: B.call("PromoteVolume", volume_id=vol, force=True), what="forced promote")
         write_random(sb, vol, count=4, seed=rnd.random())
         write_random(sa, vol, count=4, seed=rnd.random())       # A's writes B never gets
-        reissue(lambda: A.call("DemoteVolume", volume_id=vol), what="demote")
-        t = _in_background(A.call, "ResyncVolume", volume_id=vol)
+        reissue(lambda vol=vol: A.call("DemoteVolume", volume_id=vol), what="demote")
+        # force: A's own writes are discarded (issue 10 item 3; without it the answer stays not ready)
+        t = _in_background(A.call, "ResyncVolume", volume_id=vol, force=True)
         time.sleep(rnd.uniform(0.0, 0.3))
         sa.run.stop("plugin", sig=rnd.choice([signal.SIGKILL, signal.SIGTERM]))
         fault()
         sa.run.start("plugin")
         sa.run.wait_socket()
         t.join(timeout=60)
-        wait_for(lambda: reissue(lambda: A.call("ResyncVolume", volume_id=vol), what="resync").ready,
-                 90, what="resync to be ready")
+        def resync(vol=vol):
+            return reissue(lambda: A.call("ResyncVolume", volume_id=vol, force=True), what="resync")
+        wait_for(lambda: resync().ready, 90, what="resync to be ready")
         assert image_sha(sa, vol) == image_sha(sb, vol)
         lab_verified()
-        reissue(lambda: B.call("DisableVolumeReplication", volume_id=vol), what="disable")
+        reissue(lambda vol=vol: B.call("DisableVolumeReplication", volume_id=vol), what="disable")
 
 
 def _restart_redis(lab):

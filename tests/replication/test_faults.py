@@ -8,14 +8,17 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
 import pytest
 
+from drsvc import store
 from drsvc.errors import DrsvcError
 from drsvc.replication import peer_status, sync_unit
 from drsvc.replication.layout import PoolLayout
+from drsvc.replication.sender import generation_image
 from drsvc.replication.state import get_state
 from drsvc.transport.local import LocalPeer
 from tests.fixtures.xfs import free_port, need
@@ -102,8 +105,11 @@ def _check_after_fault(a, b, peer, old, gen_before):
     lay = PoolLayout(a)
     new = None
     for g in (st.generation + 1, st.generation):
-        if (lay.snap_dir("v", g) / "v.img").exists() and g > gen_before:
-            new = sha(lay.snap_dir("v", g) / "v.img")
+        meta = store.read_doc(lay.snap_dir("v", g) / "meta.json")
+        if meta and meta.get("complete") and g > gen_before:
+            # overlay capture: a pending generation's image is its base rolled forward
+            with tempfile.TemporaryDirectory(dir=a) as scratch:
+                new = sha(generation_image(lay, "v", g, "v", scratch))
             break
     peer_status(peer, "v")
     got = sha(b / "images" / "v.img")

@@ -81,3 +81,20 @@ def test_resume_scan_cuts_a_torn_data_tail(xfs_mod):
     assert k.scan() == 2
     assert os.path.getsize(k.data_path) == 2 * BS
     assert not k.committed()
+
+
+def test_killed_receiver_keeps_an_index_to_resume_from(xfs_mod):
+    """No sync, no close: what a SIGKILL leaves. The record headers must have reached the
+    kernel with their payloads (about every MiB), else the next attempt resumes from zero."""
+    lay = PoolLayout(xfs_mod / "journal-kill")
+    (lay.root / "images").mkdir(parents=True)
+    make_image(lay.image("v"), 8 * MiB)
+    lay.ensure_unit_dir("v")
+    j = Journal(lay, "v")
+    j.create(_tx(8 * MiB))
+    for i in range(64):                        # 4 MiB of payload in 64 KiB records
+        d = os.urandom(BS)
+        j.append(protocol.RecordHeader(0, protocol.CODEC_RAW, i * BS, BS, protocol.payload_checksum(d)), d)
+    k = Journal(lay, "v")                      # another process's view: only what reached the kernel
+    assert k.load()
+    assert k.scan() >= 48
