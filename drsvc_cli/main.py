@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 
@@ -321,15 +322,22 @@ def cmd_status(args, out: Output):
         if not args.watch:
             once()
             return EXIT_OK
+        # Ctrl-C only sets a flag: an interrupt inside a gRPC call could leave the channel
+        # unable to close, so the refresh in progress finishes and the loop ends after it
+        stop = []
+        previous = signal.signal(signal.SIGINT, lambda *_: stop.append(True))
         try:
-            while True:
+            while not stop:
                 if not out.json and out.console.is_terminal:
                     out.console.clear()
                 once()
                 sys.stdout.flush()
-                time.sleep(args.every)
-        except KeyboardInterrupt:
-            return EXIT_OK
+                deadline = time.monotonic() + args.every
+                while not stop and time.monotonic() < deadline:
+                    time.sleep(min(0.1, args.every))
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        return EXIT_OK
 
 
 def cmd_clone(args, out: Output):
