@@ -210,9 +210,9 @@ def main(argv=None) -> int:
                 cases += run_cases(ctx, wanted)
     if "many" in wanted:
         from .many import many_case
-        res = many_case(args, rnd)
-        res.print()
-        cases.append(res.to_dict())
+        for res in many_case(args, rnd):
+            res.print()
+            cases.append(res.to_dict())
     print("caches: " + ("warm (as left: changed blocks just written)" if args.warm else
                         f"cold ({args.drop_caches}): before the floor, drsvc and rsync of every run"))
     rss = {"sender": max((c["peak_rss_bytes"]["sender"] for c in cases), default=0),
