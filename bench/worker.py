@@ -24,6 +24,8 @@ from drsvc.errors import Unavailable
 
 from .rss import vm_hwm
 
+REPO = Path(__file__).resolve().parents[1]       # `-m bench.worker` wherever the bench runs from
+
 
 def serve(args) -> None:
     from drsvc.replication import sync_unit
@@ -60,7 +62,7 @@ class SyncWorker:
     def __enter__(self) -> SyncWorker:
         self.proc = runner.spawn([sys.executable, "-m", "bench.worker", "--socket", self.path,
                                   "--port", self.site.port, "--key", self.site.client_key,
-                                  "--known-hosts", self.site.known_hosts])
+                                  "--known-hosts", self.site.known_hosts], cwd=REPO)
         deadline = time.monotonic() + 60
         s = socket.socket(socket.AF_UNIX)
         while True:
