@@ -132,6 +132,8 @@ class CaseResult:
              "floor_s": stats(self.floor) if self.cold else None,
              "ratio": (round(statistics.median(self.rsync) / statistics.median(self.drsvc), 2)
                        if self.rsync and self.drsvc else None),
+             "drsvc_mb_s": (round(statistics.median(self.changed) / statistics.median(self.drsvc) / 1e6, 1)
+                            if self.drsvc else None),
              "drsvc_phases": self.phases, "drsvc_phases_median": phase_medians(self.phases),
              "peak_rss_bytes": dict(self.rss), "replica_matches_source": self.verified}
         d.update(self.extra)
