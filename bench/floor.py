@@ -1,7 +1,11 @@
-"""The floor of a cold sync: the time to read exactly the changed blocks, cold, in offset order.
+"""The floor of a cold sync: the time to read the changed blocks, cold, in offset order.
 
-Adjacent changed blocks are read as one range (a good reader coalesces them);
-readahead is switched off (POSIX_FADV_RANDOM), so no block outside the change is read.
+Adjacent changed blocks are read as one range (a good reader coalesces them).
+Read twice, each time from cold caches: with readahead off (POSIX_FADV_RANDOM:
+exactly the changed blocks, one request per range) and with the kernel's
+readahead (dense changes then stream like a sequential read, as the issue's
+10% figure of 0.7 s did). The floor is the faster of the two: the least time a
+reader of those blocks needs.
 """
 from __future__ import annotations
 
@@ -24,12 +28,13 @@ def coalesce(offsets: Iterable[int], length: int = 4096) -> list[tuple[int, int]
     return [(o, n) for o, n in out]
 
 
-def read_ranges(path: Path, ranges: list[tuple[int, int]]) -> int:
+def read_ranges(path: Path, ranges: list[tuple[int, int]], *, readahead: bool = False) -> int:
     """Read *ranges* of *path* in order; returns the bytes read."""
     fd = os.open(path, os.O_RDONLY)
     got = 0
     try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        if not readahead:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         for off, n in ranges:
             end = off + n
             while off < end:
@@ -43,10 +48,18 @@ def read_ranges(path: Path, ranges: list[tuple[int, int]]) -> int:
     return got
 
 
-def floor_s(files: list[tuple[Path, list[tuple[int, int]]]], make_cold: Callable[[], None]) -> float:
+def timed_read(files: list[tuple[Path, list[tuple[int, int]]]], make_cold: Callable[[], None], *,
+               readahead: bool) -> float:
     """Evict the caches, then time reading every file's ranges (files in the order given)."""
     make_cold()
     t = time.monotonic()
     for path, ranges in files:
-        read_ranges(path, ranges)
+        read_ranges(path, ranges, readahead=readahead)
     return time.monotonic() - t
+
+
+def floor_s(files, make_cold: Callable[[], None]) -> dict:
+    """{"floor_s": the faster, "exact_s": readahead off, "readahead_s": readahead on}."""
+    exact = timed_read(files, make_cold, readahead=False)
+    ra = timed_read(files, make_cold, readahead=True)
+    return {"floor_s": min(exact, ra), "exact_s": exact, "readahead_s": ra}

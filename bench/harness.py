@@ -90,7 +90,7 @@ def run_rsync(site, src: Path, dest: Path, flags) -> tuple[float, int]:
 
 
 def stats(xs) -> dict | None:
-    """best / median / runs of a list of seconds (None when empty)."""
+    """best / median / runs (in run order) of a list of seconds (None when empty)."""
     if not xs:
         return None
     xs = [float(x) for x in xs]
@@ -121,6 +121,7 @@ class CaseResult:
     rsync: list = field(default_factory=list)
     rsync_wire: list = field(default_factory=list)
     floor: list = field(default_factory=list)
+    floor_parts: list = field(default_factory=list)     # per run: exact_s (no readahead), readahead_s
     rss: dict = field(default_factory=lambda: {"sender": 0, "receiver": 0})
     verified: bool | None = None
     extra: dict = field(default_factory=dict)
@@ -130,6 +131,8 @@ class CaseResult:
              "drsvc_s": stats(self.drsvc), "drsvc_wire_bytes": max(self.drsvc_wire) if self.drsvc_wire else 0,
              "rsync_s": stats(self.rsync), "rsync_wire_bytes": max(self.rsync_wire) if self.rsync_wire else None,
              "floor_s": stats(self.floor) if self.cold else None,
+             "floor_exact_s": stats([p["exact_s"] for p in self.floor_parts]) if self.cold else None,
+             "floor_readahead_s": stats([p["readahead_s"] for p in self.floor_parts]) if self.cold else None,
              "ratio": (round(statistics.median(self.rsync) / statistics.median(self.drsvc), 2)
                        if self.rsync and self.drsvc else None),
              "drsvc_mb_s": (round(statistics.median(self.changed) / statistics.median(self.drsvc) / 1e6, 1)
@@ -150,7 +153,8 @@ class CaseResult:
               f"{(d['rsync_wire_bytes'] or 0) / MiB:8.2f} MiB wire | ratio {d['ratio']} "
               f"| floor median {med('floor_s'):.3f} s", flush=True)
         for i, ph in enumerate(self.phases):
-            fl = f" floor {self.floor[i]:.3f} s" if i < len(self.floor) else ""
+            fl = (f" floor {self.floor[i]:.3f} s (exact {self.floor_parts[i]['exact_s']:.3f}, readahead "
+                  f"{self.floor_parts[i]['readahead_s']:.3f})" if i < len(self.floor) else "")
             print(f"           run {i}: drsvc {self.drsvc[i]:.3f} s{fl}  phases {ph}", flush=True)
         print(f"           phase medians {d['drsvc_phases_median']}; peak RSS sender "
               f"{self.rss['sender'] / MiB:.1f} MiB, receiver {self.rss['receiver'] / MiB:.1f} MiB; "
@@ -167,7 +171,9 @@ def measure(res: CaseResult, repeat: int, *, change: Callable[[int], Run], drsvc
         run = change(i)
         res.changed.append(run.changed_bytes)
         if res.cold:
-            res.floor.append(floor_s(run.floor_files, make_cold))
+            fl = floor_s(run.floor_files, make_cold)
+            res.floor.append(fl["floor_s"])
+            res.floor_parts.append(fl)
         make_cold()
         d = drsvc(i)
         res.drsvc.append(d["wall_s"])
