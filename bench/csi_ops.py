@@ -68,7 +68,7 @@ class Bench:
         subprocess.run(["mount", "-o", "loop", str(self.img), str(self.mnt)], check=True)
         self.mounted = True
         env = dict(os.environ, PYTHONPATH=str(REPO))
-        self.log = open(self.work / "plugin.log", "ab")
+        self.log = open(self.work / "plugin.log", "ab")  # noqa: SIM115 - the plugin writes it until stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "csi_plugin", "--endpoint", f"unix://{self.sock}", "--pool", str(self.pool),
              "--node-id", "bench", "--log-level", "WARNING"],
@@ -156,9 +156,9 @@ class Bench:
     def create_delete(self, n: int) -> dict:
         creates, deletes = [], []
         for i in range(n):
-            t, vid = timed(lambda: self.create(f"cd-{i}", 64 * MiB))
+            t, vid = timed(lambda i=i: self.create(f"cd-{i}", 64 * MiB))
             creates.append(t)
-            t, _ = timed(lambda: self.delete(vid))
+            t, _ = timed(lambda vid=vid: self.delete(vid))
             deletes.append(t)
         return {"n": n,
                 "create_p50_ms": ms(pct(creates, 50)), "create_p99_ms": ms(pct(creates, 99)),
@@ -171,9 +171,9 @@ class Bench:
         subprocess.run(["sync"], check=True)
         snaps, clones = [], []
         for i in range(repeat):
-            t, sid = timed(lambda: self.snapshot(f"snap-{tag}-{i}", vid))
+            t, sid = timed(lambda i=i: self.snapshot(f"snap-{tag}-{i}", vid))
             snaps.append(t)
-            t, cid = timed(lambda: self.create(f"clone-{tag}-{i}", size, source_volume=vid))
+            t, cid = timed(lambda i=i: self.create(f"clone-{tag}-{i}", size, source_volume=vid))
             clones.append(t)
             self.delete(cid)
             self.delete_snapshot(sid)

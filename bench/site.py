@@ -8,9 +8,11 @@ command) and, for rsync, adds an unrestricted key; both use
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shlex
 import shutil
+import stat
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -94,16 +96,59 @@ def sshd_site(pool: Path):
         shutil.rmtree(work, ignore_errors=True)
 
 
-def drop_file_cache(*paths) -> None:
+def backing_file(mnt: Path) -> Path:
+    """The loop device's backing file of a filesystem made by loop_mounted_xfs."""
+    return Path(mnt).parent / "fs.img"
+
+
+def _syncfs(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        ctypes.CDLL(None, use_errno=True).syncfs(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class Cold:
+    """Makes the next reads of the bench's data cold.
+
+    mode "files" (default, kind to other users of the machine): sync each bench
+    filesystem, evict every file in it (POSIX_FADV_DONTNEED) and then its loop
+    device's backing file, whose pages in the host's cache would otherwise serve the
+    "cold" reads. XFS's own metadata buffers stay cached. mode "global": `sync; echo
+    3 > /proc/sys/vm/drop_caches` (everything, everyone's). mode "off": --warm."""
+    roots: list
+    backings: list
+    mode: str = "files"
+
+    def __call__(self) -> None:
+        if self.mode == "off":
+            return
+        if self.mode == "global":
+            os.sync()
+            Path("/proc/sys/vm/drop_caches").write_text("3\n")
+            return
+        for root in self.roots:
+            _syncfs(root)
+            for d, _, names in os.walk(root):
+                drop_file_cache(*(os.path.join(d, n) for n in names), sync=False)
+        drop_file_cache(*self.backings)
+
+
+def drop_file_cache(*paths, sync: bool = True) -> None:
     """Evict the clean page-cache pages of these files (POSIX_FADV_DONTNEED), so a
     tool reads them cold; per file, so other users of the machine keep their cache."""
     for p in paths:
         try:
-            fd = os.open(p, os.O_RDONLY)
-        except FileNotFoundError:
+            if not stat.S_ISREG(os.lstat(p).st_mode):
+                continue
+            fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
             continue
         try:
-            os.fdatasync(fd)
+            if sync:
+                os.fdatasync(fd)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)

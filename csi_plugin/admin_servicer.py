@@ -10,7 +10,7 @@ from .gen import admin_pb2, admin_pb2_grpc
 
 
 def status_message(info, unit_id: str, kind: str, members, pool=None) -> admin_pb2.ReplicationStatus:
-    live = live_status(pool, unit_id) if pool is not None else {}
+    live = live_status(pool, unit_id, info) if pool is not None else {}
     return admin_pb2.ReplicationStatus(**live,
         unit_id=unit_id, kind=kind, members=list(members), role=info.role, epoch=info.epoch,
         generation=info.generation, peer=info.peer, interval_seconds=info.interval,
@@ -20,9 +20,10 @@ def status_message(info, unit_id: str, kind: str, members, pool=None) -> admin_p
         consecutive_failures=info.consecutive_failures, failures_total=info.failures_total)
 
 
-def live_status(pool, unit_id: str) -> dict:
+def live_status(pool, unit_id: str, info=None) -> dict:
     """The next scheduled sync and a running sync's progress (drsvc/replication/health.py)."""
-    out = {"next_sync_time": health.next_sync(pool, unit_id)}
+    out = {"next_sync_time": health.next_sync(pool, unit_id, interval=info.interval if info else 0,
+                                              last_sync=info.last_sync_time if info else 0.0)}
     if (p := health.progress_of(pool, unit_id)) is not None:
         out.update(progress_bytes_sent=p["bytes_sent"], progress_bytes_planned=p["bytes_planned"],
                    progress_rate=p["rate_bps"])

@@ -103,7 +103,9 @@ class Lab:
                 "--logfile", d / "redis.log"]
         if self.redis_password:
             argv += ["--requirepass", self.redis_password]
-        p = runner.spawn(argv)
+        # never the caller's stdout: a lab left running (`demo --keep`) must not hold a pipe open
+        with open(d / "redis.out", "ab") as out:
+            p = runner.spawn(argv, stdout=out, stderr=out)
         s.redis_pid = p.pid
         s.procs.append(p)
         wait_port(s.redis_port)

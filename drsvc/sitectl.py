@@ -32,6 +32,15 @@ def _argv(component: str, cfg: SiteConfig) -> list[str]:
     raise ValueError(component)
 
 
+def _zombie(pid: int) -> bool:
+    """Exited, not yet reaped: when another process started it (`drsvc site down` from a
+    new shell), init reaps it on its own schedule; it is not running."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
 @dataclass
 class SiteRun:
     cfg: SiteConfig
@@ -57,7 +66,7 @@ class SiteRun:
             os.kill(pid, 0)
         except ProcessLookupError:
             return None
-        return pid
+        return None if _zombie(pid) else pid
 
     def start(self, component: str, extra_env: dict | None = None) -> int:
         if (pid := self.pid(component)) is not None:

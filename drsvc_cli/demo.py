@@ -1,13 +1,16 @@
-"""`drsvc demo`: two sites on this host, replication, a drill and a planned failover.
+"""`drsvc demo`: two sites on this host, a database-like workload replicated by block
+deltas (with rsync's cost for the same changes), a drill and a planned failover.
 
 Every step goes through the real parts: gRPC to each site's plugin, Celery
-workers over Redis, SSH between the sites, and the Ansible playbooks.
+workers over Redis, SSH between the sites, and the Ansible playbooks. Results are
+kept as plain data (`--json`); drsvc_cli/demo_view.py prints them for people.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -17,28 +20,37 @@ from pathlib import Path
 
 from drsvc import runner
 from drsvc.lab import Lab
+from drsvc.layout import PoolLayout
 
+from . import demo_view
+from . import humanize as H
 from .client import DrClient
+from .workload import DbFiles, RsyncMirror
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAYBOOKS = ROOT / "playbooks"
-INTERVAL = "10s"
+MiB, GiB = 1 << 20, 1 << 30
+VOLUME_SIZE = 1 * GiB          # every volume; sparse, so only written blocks cost anything
+INTERVAL = "10s"               # the group's schedule: scheduled syncs land while the demo runs
+DB_INTERVAL = "5m"             # the database volume's; the demo syncs it on demand after each burst
+DB_PAGES = 128 * MiB           # the database's page file
+# (label, bytes appended to the write-ahead log, 8 KiB pages rewritten at random)
+ROUNDS = (("commits", 4 * MiB, 512), ("commits", 4 * MiB, 512), ("checkpoint", 1 * MiB, 2048))
 
 
 class Steps:
+    """Runs the demo's steps, keeps each result as plain data, and prints it for people."""
+
     def __init__(self, as_json: bool):
-        self.as_json = as_json
         self.results: list[dict] = []
-        self.console = None
-        if not as_json:
-            from rich.console import Console
-            self.console = Console()
+        self.console = None if as_json else demo_view.make_console()
 
-    def say(self, text: str) -> None:
+    def say(self, renderable) -> None:
         if self.console:
-            self.console.print(text)
+            self.console.print(renderable)
 
-    def run(self, name: str, fn):
+    def run(self, name: str, fn, show=None):
+        from rich.markup import escape
         t0 = time.monotonic()
         try:
             detail = fn()
@@ -49,10 +61,13 @@ class Steps:
         self.results.append(step)
         if self.console:
             mark = "[green]ok[/green]" if ok else "[red]FAILED[/red]"
-            self.console.print(f"{mark} {name} ({step['seconds']}s): {detail if not isinstance(detail, dict) else ''}")
-            if isinstance(detail, dict):
-                for k, v in detail.items():
-                    self.console.print(f"    {k}: {v}")
+            self.console.print(f"{mark} {escape(name)} ({step['seconds']:.1f}s)")
+            if not ok:
+                self.console.print(f"    {escape(str(detail))}")
+            elif show is not None:
+                self.console.print(show(detail))
+            elif isinstance(detail, dict) and detail:
+                self.console.print(demo_view.pairs(detail, self.console.width))
         if not ok:
             raise _Abort(name)
         return detail
@@ -66,7 +81,11 @@ def _files_sha(root: Path) -> dict:
     out = {}
     for p in sorted(root.rglob("*")):
         if p.is_file() and "lost+found" not in p.parts:
-            out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
+            h = hashlib.sha256()
+            with open(p, "rb") as f:
+                while chunk := f.read(4 << 20):
+                    h.update(chunk)
+            out[str(p.relative_to(root))] = h.hexdigest()
     return out
 
 
@@ -89,7 +108,11 @@ def inventory(lab: Lab, path: Path, scratch: Path) -> Path:
     return path
 
 
+_MSG = re.compile(r'^\s*"msg":\s*(".*")\s*$')
+
+
 def playbook(lab: Lab, name: str, extra: dict, work: Path) -> dict:
+    """Run one playbook against the lab; its recap line and what its tasks said (`msg`)."""
     (work / "drill").mkdir(exist_ok=True)
     inv = inventory(lab, work / "inventory.yml", work / "drill")
     env = dict(os.environ, ANSIBLE_LIBRARY=str(PLAYBOOKS / "library"), ANSIBLE_NOCOLOR="1",
@@ -98,81 +121,159 @@ def playbook(lab: Lab, name: str, extra: dict, work: Path) -> dict:
     r = runner.run(["ansible-playbook", "-i", inv, PLAYBOOKS / name, "-e", json.dumps(extra)],
                    timeout=600, env=env)
     recap = [ln for ln in r.stdout.splitlines() if "ok=" in ln and "failed=" in ln]
-    said = [ln.strip().strip('"').removeprefix('"msg": "') for ln in r.stdout.splitlines()
-            if '"msg":' in ln]
-    return {"playbook": name, "recap": " ".join(recap[-1].split()) if recap else "", "report": said}
+    said = [json.loads(m.group(1)) for ln in r.stdout.splitlines() if (m := _MSG.match(ln))]
+    return {"playbook": name, "recap": " ".join(recap[-1].split()[2:]) if recap else "", "said": said}
+
+
+def cli(*args) -> dict:
+    """One `drsvc` runbook command (`--json`), as an operator would type it."""
+    r = runner.run([sys.executable, "-m", "drsvc_cli.main", *args, "--json"], timeout=300)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _wait(what: str, fn, timeout: float):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if got := fn():
+            return got
+        time.sleep(0.5)
+    raise TimeoutError(f"{what} not within {timeout:.0f}s")
+
+
+def _database_syncs(a: DrClient, volume_id: str, db: DbFiles, mirror: RsyncMirror | None) -> list[dict]:
+    """Load the database, then a few bursts of writes; after each, one sync (sync-now --wait),
+    and rsync's cost for the same change of the image."""
+    out = []
+    bursts = [(f"load: {H.size(DB_PAGES)} of pages", db.create)] + [
+        (f"{label}: +{H.size(log)} log, {pages} pages", lambda log=log, pages=pages: db.round(log_bytes=log,
+                                                                                                pages=pages))
+        for label, log, pages in ROUNDS]
+    for label, write in bursts:
+        wrote = write()
+        r = a.until_done(lambda: a.sync_now(volume_id=volume_id, wait=240), wait=120)
+        if r["skipped"]:
+            raise RuntimeError(f"sync skipped: {r['skipped']}")
+        out.append({"label": label, "app_bytes": wrote, "generation": r["target_generation"],
+                    "bytes_changed": r["bytes_changed"], "bytes_on_wire": r["bytes_on_wire"],
+                    "seconds": round(r["duration_seconds"], 3),
+                    "rsync": mirror.measure() if mirror else None})
+    return out
 
 
 def run_demo(*, keep: bool = False, as_json: bool = False, root: str | None = None) -> int:
     steps = Steps(as_json)
-    work = Path(root or tempfile.mkdtemp(prefix="drsvc-demo-"))
+    work = Path(root or tempfile.mkdtemp(prefix="drsvc-demo-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
     lab = Lab(work / "sites")
-    checks: dict = {}
+    checks: dict = {"a": {}}
     ids: dict = {}
+    syncs: list = []
     t_start = time.monotonic()
     try:
-        steps.say(f"[bold]drsvc demo[/bold]: two sites under {work}")
+        steps.say(f"drsvc demo: two sites under {work}")
         steps.run("build two sites (XFS pools, redis, sshd with pinned keys)", lambda: {
-            n: {"pool": str(s.pool), "sshd": f"127.0.0.1:{s.sshd_port}", "redis": f"127.0.0.1:{s.redis_port}"}
+            f"site {n}": f"pool {s.pool}, sshd 127.0.0.1:{s.sshd_port}, redis 127.0.0.1:{s.redis_port}"
             for n, s in lab.build().sites.items()})
         steps.run("start plugins, workers, schedulers, /metrics", lambda: (lab.up(), {
-            n: {"socket": s.endpoint, "metrics": f"http://127.0.0.1:{s.cfg.metrics_port}/metrics"}
+            f"site {n}": f"{s.endpoint}, http://127.0.0.1:{s.cfg.metrics_port}/metrics"
             for n, s in lab.sites.items()})[1])
-        a = DrClient(lab.sites["a"].endpoint)
-        b = DrClient(lab.sites["b"].endpoint)
+        a = DrClient(lab.sites["a"].endpoint, timeout=300)
+        b = DrClient(lab.sites["b"].endpoint, timeout=300)
         mnt = work / "mnt"
 
         def create():
-            ids["volume"] = a.create_volume("demo-db", 256 << 20)["volume_id"]
+            ids["volume"] = a.create_volume("demo-db", VOLUME_SIZE)["volume_id"]
             ids["group"] = a.create_group("demo-app")["group_id"]
-            ids["members"] = [a.create_volume(f"demo-app-{i}", 128 << 20, group_id=ids["group"])["volume_id"]
+            ids["members"] = [a.create_volume(f"demo-app-{i}", VOLUME_SIZE, group_id=ids["group"])["volume_id"]
                               for i in range(3)]
-            return {"volume": ids["volume"], "group": ids["group"], "members": ids["members"]}
-        steps.run("create a volume and a 3-volume group at site a", create)
+            return {"database volume": f"{ids['volume']} ({H.size(VOLUME_SIZE)})",
+                    "group": ids["group"], "members": f"{', '.join(ids['members'])} ({H.size(VOLUME_SIZE)} each)"}
+        steps.run("create a database volume and a 3-volume group at site a", create)
 
         def write():
-            sums = {}
-            for vid in [ids["volume"]] + ids["members"]:
+            said = {}
+            for vid in ids["members"]:
                 stg, tgt = mnt / f"a-{vid}-stg", mnt / f"a-{vid}"
                 stg.mkdir(parents=True, exist_ok=True)
                 a.mount(vid, str(stg), str(tgt))
                 _write_files(tgt, "v1")
-                sums[vid] = _files_sha(tgt)
+                checks["a"][vid] = _files_sha(tgt)
                 a.unmount(vid, str(stg), str(tgt))
-            checks["a"] = sums
-            return {vid: f"{len(s)} files" for vid, s in sums.items()}
-        steps.run("stage, publish and write data at site a", write)
+                said[vid] = f"{len(checks['a'][vid])} files of 2.0 MiB written, unpublished"
+            stg, tgt = mnt / "a-db-stg", mnt / "a-db"
+            stg.mkdir(parents=True, exist_ok=True)
+            a.mount(ids["volume"], str(stg), str(tgt))
+            ids["db_mount"] = str(tgt)
+            said[ids["volume"]] = f"staged and published at {tgt} (the database runs here)"
+            return said
+        steps.run("stage, publish and write at site a", write)
 
         def enable():
             a.until_done(lambda: a.replication("EnableVolumeReplication", volume_id=ids["volume"],
-                                               parameters={"schedulingInterval": INTERVAL}), wait=60)
+                                               parameters={"schedulingInterval": DB_INTERVAL}), wait=60)
             a.until_done(lambda: a.replication("EnableVolumeReplication", group_id=ids["group"],
                                                parameters={"schedulingInterval": INTERVAL}), wait=60)
-            return {"interval": INTERVAL}
-        steps.run(f"enable replication every {INTERVAL}", enable)
+            st = _wait("the database volume's initial sync",
+                       lambda: (s := a.status(volume_id=ids["volume"]))["generation"] >= 1 and s, 120)
+            return {"group": f"every {INTERVAL}",
+                    "database volume": f"every {DB_INTERVAL}; initial sync of the empty ext4: "
+                                       f"{H.size(st['last_sync_bytes'])} on the wire in "
+                                       f"{H.duration(st['last_sync_duration'])}"}
+        steps.run("enable replication to site b", enable)
+
+        def database():
+            pool = lab.sites["a"].pool
+            mirror = RsyncMirror(PoolLayout(pool).image(ids["volume"]), pool.parent / "demo-rsync")
+            if mirror.available():
+                mirror.start()
+            else:
+                mirror = None
+            syncs.extend(_database_syncs(a, ids["volume"], DbFiles(Path(ids["db_mount"]), pages_bytes=DB_PAGES),
+                                         mirror))
+            return syncs
+        steps.run("a database at site a: write, then sync (sync-now --wait), and rsync for the same change",
+                  database, show=lambda rows: demo_view.sync_table(rows, rsync=any(r["rsync"] for r in rows)))
+        steps.say(demo_view.SYNC_NOTE)
+
+        def stop_database():
+            tgt = Path(ids["db_mount"])
+            checks["a"][ids["volume"]] = _files_sha(tgt)
+            a.unmount(ids["volume"], str(mnt / "a-db-stg"), str(tgt))
+            return {ids["volume"]: f"{len(checks['a'][ids['volume']])} files checksummed, unpublished"}
+        steps.run("stop the database at site a (a planned failover needs no writers)", stop_database)
 
         def watch():
-            seen = {}
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                for key, unit in (("volume", {"volume_id": ids["volume"]}), ("group", {"group_id": ids["group"]})):
-                    st = a.status(**unit)
-                    if st["generation"] >= 2:
-                        seen[key] = {"generation": st["generation"], "last_sync_bytes": st["last_sync_bytes"],
-                                     "last_sync_duration_s": round(st["last_sync_duration"], 3),
-                                     "health": st["status"]}
-                if len(seen) == 2:
-                    return seen
-                time.sleep(1)
-            raise TimeoutError(f"scheduled syncs did not land in 60s: {seen}")
-        steps.run("watch scheduled syncs land (initial + scheduled)", watch)
+            st = _wait("a scheduled sync of the group", lambda: (s := a.status(group_id=ids["group"]))[
+                "generation"] >= 2 and s, 60)
+            return {"unit": st["unit_id"], "generation": st["generation"], "health": st["status"],
+                    "last sync": f"{H.size(st['last_sync_bytes'])} on the wire in "
+                                 f"{H.duration(st['last_sync_duration'])}"}
+        steps.run(f"check the group's scheduled syncs (every {INTERVAL}) at site a", watch)
 
         steps.run("drill at site b (playbooks/drill.yml)", lambda: playbook(
-            lab, "drill.yml", {"primary_site": "a", "secondary_site": "b", "group_id": ids["group"]}, work))
-        steps.run("planned failover of the group and the volume (playbooks/planned-failover.yml)", lambda: [
-            playbook(lab, "planned-failover.yml", {"primary_site": "a", "secondary_site": "b", **unit}, work)
-            for unit in ({"group_id": ids["group"]}, {"volume_id": ids["volume"]})])
+            lab, "drill.yml", {"primary_site": "a", "secondary_site": "b", "group_id": ids["group"]}, work),
+            show=lambda d: demo_view.pairs({"recap": d["recap"], "result": "\n".join(d["said"])}, steps.console.width))
+
+        def failover():
+            run = playbook(lab, "planned-failover.yml", {"primary_site": "a", "secondary_site": "b",
+                                                         "group_id": ids["group"]}, work)
+            out = {"group (Ansible)": " / ".join(run["said"]) or run["recap"]}
+            # the volume through the runbook CLI, as the README's planned failover reads
+            vid = ids["volume"]
+            for site, verb in (("a", "demote"), ("b", "promote")):
+                cli(verb, "--config", lab.sites[site].config_path, "--volume", vid)
+            sa, sb = a.status(volume_id=vid), b.status(volume_id=vid)
+            out["volume (CLI)"] = (f"drsvc demote --config a.toml --volume {vid}; drsvc promote --config b.toml "
+                                   f"--volume {vid}\nvolume {vid}: b is {sb['role']} at epoch {sb['epoch']} "
+                                   f"({sb['status']}), a is {sa['role']}")
+            for unit in ({"group_id": ids["group"]}, {"volume_id": vid}):
+                st = b.status(**unit)
+                if st["role"] != "primary" or st["status"] != "HEALTHY":
+                    raise AssertionError(f"after the failover, b reports {st['role']} {st['status']}: "
+                                         f"{st['status_message']}")
+            return out
+        steps.run("planned failover: the group with playbooks/planned-failover.yml, the volume with the CLI",
+                  failover)
 
         def verify():
             sums = {}
@@ -186,9 +287,9 @@ def run_demo(*, keep: bool = False, as_json: bool = False, root: str | None = No
             bad = [vid for vid in sums if sums[vid] != checks["a"][vid]]
             if bad:
                 raise AssertionError(f"checksums differ at site b for {bad}")
-            roles = {"a": a.status(group_id=ids["group"])["role"], "b": b.status(group_id=ids["group"])["role"]}
             return {"volumes compared": len(sums), "files compared": sum(len(s) for s in sums.values()),
-                    "roles": roles}
+                    "roles now": f"a {a.status(group_id=ids['group'])['role']}, "
+                                 f"b {b.status(group_id=ids['group'])['role']}"}
         steps.run("verify checksums at site b (now primary)", verify)
         ok = True
     except _Abort:
@@ -197,25 +298,21 @@ def run_demo(*, keep: bool = False, as_json: bool = False, root: str | None = No
         if not keep:
             lab.teardown()
     summary = {"ok": ok and all(s["ok"] for s in steps.results), "seconds": round(time.monotonic() - t_start, 1),
-               "steps": steps.results, "checksums": checks, "ids": ids, "kept": keep,
-               "sites": {n: str(s.config_path) for n, s in lab.sites.items()} if keep else {},
+               "steps": steps.results, "checksums": checks, "ids": ids, "syncs": syncs, "kept": keep,
+               "sites": {n: {"config": str(s.config_path), "redis_pid": s.redis_pid, "redis_port": s.redis_port,
+                             "sshd_pid": s.sshd_pid, "sshd_port": s.sshd_port}
+                         for n, s in lab.sites.items()} if keep else {},
                "down": f"drsvc demo down --root {shlex.quote(str(work))}" if keep else None}
     if as_json:
         print(json.dumps(summary, sort_keys=True, default=str))
     else:
         steps.console.print()
-        rows = [{"step": s["step"], "result": "ok" if s["ok"] else "FAILED", "seconds": s["seconds"]}
-                for s in steps.results]
-        from rich.table import Table
-        t = Table(title=f"drsvc demo: {'PASSED' if summary['ok'] else 'FAILED'} in {summary['seconds']}s")
-        for c in ("step", "result", "seconds"):
-            t.add_column(c)
-        for r in rows:
-            t.add_row(r["step"], r["result"], str(r["seconds"]))
-        steps.console.print(t)
+        steps.console.print(demo_view.summary_title(summary))
+        steps.console.print(demo_view.summary_table(summary))
         if keep:
-            steps.console.print("sites left running; configs: " + ", ".join(summary["sites"].values()))
-            steps.console.print(f"remove them with: [bold]{summary['down']}[/bold]")
+            steps.console.print("sites left running; configs: "
+                                + ", ".join(s["config"] for s in summary["sites"].values()))
+            steps.console.print(f"remove them with: {summary['down']}")
     return 0 if summary["ok"] else 1
 
 

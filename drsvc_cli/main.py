@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 
@@ -282,10 +283,12 @@ def cmd_resync(args, out: Output):
         deadline = time.monotonic() + (args.wait if args.wait_ready else 0)
         with out.progress("resync") as tick:
             while True:
-                resp = c.until_done(lambda: c.replication("ResyncVolume", **unit), wait=60, progress=tick)
+                resp = c.until_done(lambda: c.replication("ResyncVolume", force=args.force, **unit), wait=60,
+                                    progress=tick)
                 if resp.ready or time.monotonic() > deadline:
                     break
-                tick("waiting for the primary's next sync")
+                tick("waiting for the primary's next sync" if args.force else
+                     "not consistent; a copy with writes the primary lacks needs --force")
                 time.sleep(1)
         result = {"ready": resp.ready, **c.status(**unit)}
         out.result("resync", result)
@@ -319,15 +322,22 @@ def cmd_status(args, out: Output):
         if not args.watch:
             once()
             return EXIT_OK
+        # Ctrl-C only sets a flag: an interrupt inside a gRPC call could leave the channel
+        # unable to close, so the refresh in progress finishes and the loop ends after it
+        stop = []
+        previous = signal.signal(signal.SIGINT, lambda *_: stop.append(True))
         try:
-            while True:
+            while not stop:
                 if not out.json and out.console.is_terminal:
                     out.console.clear()
                 once()
                 sys.stdout.flush()
-                time.sleep(args.every)
-        except KeyboardInterrupt:
-            return EXIT_OK
+                deadline = time.monotonic() + args.every
+                while not stop and time.monotonic() < deadline:
+                    time.sleep(min(0.1, args.every))
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        return EXIT_OK
 
 
 def cmd_clone(args, out: Output):
@@ -418,7 +428,10 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "promote":
             p.add_argument("--force", action="store_true", help="promote with the peer unreachable (fences it)")
         p.set_defaults(fn=cmd_replication)
-    p = sub.add_parser("resync", parents=[common, unit], help="discard local divergence and follow the primary")
+    p = sub.add_parser("resync", parents=[common, unit],
+                       help="check this copy against the primary; with --force discard divergence and follow it")
+    p.add_argument("--force", action="store_true",
+                   help="discard writes this site holds and the primary does not (ResyncVolume force)")
     p.add_argument("--wait", dest="wait_ready", action="store_true", help="wait until the copy is consistent")
     p.add_argument("--timeout-wait", dest="wait", type=float, default=300)
     p.set_defaults(fn=cmd_resync)

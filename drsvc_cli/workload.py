@@ -2,9 +2,9 @@
 
 A page file rewritten in place (8 KiB pages, scattered) plus an append-only log, each
 fsync'd, like a small OLTP database's checkpoint and WAL. ``rsync_cost`` runs
-``rsync --no-whole-file --inplace --ignore-times --stats`` between two reflink copies of the volume image
-(before and after the change), which is what rsync would send for the same change: it
-reads both whole images to find it.
+``rsync --no-whole-file --inplace --ignore-times --stats`` between two reflink copies of the
+volume image (before and after the change, ``RsyncMirror``), which is what rsync would send
+for the same change: it reads both whole images to find it.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from drsvc import runner
+from drsvc.host.reflink import clone_file
 
 PAGE = 8192
 
@@ -61,8 +62,39 @@ class DbFiles:
         return log_bytes + pages * PAGE
 
 
+class RsyncMirror:
+    """rsync's cost for each change of a volume image, measured between two reflink copies.
+
+    ``start()`` copies the image as rsync's destination (the state the peer holds);
+    ``measure()`` copies it again and runs rsync's delta algorithm from the new copy onto
+    the old one in place, so the destination then equals the new state for the next round."""
+
+    def __init__(self, image: Path, work: Path):
+        self.image = Path(image)
+        self.work = Path(work)
+        self.held = self.work / "held.img"
+        self.now = self.work / "now.img"
+
+    @staticmethod
+    def available() -> bool:
+        return shutil.which("rsync") is not None
+
+    def start(self) -> None:
+        self.work.mkdir(parents=True, exist_ok=True)
+        clone_file(self.image, self.held, fsync=False)
+
+    def measure(self) -> dict | None:
+        if not self.available():
+            return None
+        self.now.unlink(missing_ok=True)
+        clone_file(self.image, self.now, fsync=False)
+        cost = rsync_cost(self.held, self.now)
+        self.now.unlink(missing_ok=True)
+        return cost
+
+
 def rsync_cost(before: Path, after: Path) -> dict | None:
-    """Bytes rsync's delta algorithm sends to turn *before* into *after*, and its time."""
+    """Bytes rsync's delta algorithm sends to turn *before* into *after* (in place), and its time."""
     if shutil.which("rsync") is None:
         return None
     t0 = time.monotonic()

@@ -28,8 +28,11 @@ class ReplicationCollector:
             ("last_sync_timestamp_seconds", "Start of the last successful sync (unix time)"),
             ("last_sync_duration_seconds", "Duration of the last successful sync"),
             ("last_sync_bytes", "Bytes on the wire of the last successful sync"),
-            ("lag_seconds", "Seconds since the newest data the peer holds (RPO lag)"),
-            ("missed_intervals", "Whole intervals missed since the last successful sync"),
+            ("lag_seconds", "Primary: seconds since the newest data the peer holds (RPO lag). "
+                            "Secondary: data age, now minus the origin's capture time of the newest "
+                            "generation held"),
+            ("missed_intervals", "Primary: whole intervals missed since the last successful sync. "
+                                 "Secondary: whole intervals the primary has been silent"),
             ("interval_seconds", "Configured sync interval"),
             ("epoch", "Fencing epoch of the unit at this site"),
             ("generation", "Replicated generation at this site"),

@@ -28,6 +28,8 @@ MAP_VERSION = 1
 DEFAULT_BLOCK_SIZE = 4096
 MIN_BLOCK_SIZE = 512
 MAX_BLOCK_SIZE = 1 << 20
+MAP_PAGE = 64 << 10          # writes are gathered per page of the map file ...
+MAX_DIRTY = 256              # ... up to this many pages (16 MiB) before they go out
 
 FALLOC_FL_KEEP_SIZE = 0x01
 FALLOC_FL_PUNCH_HOLE = 0x02
@@ -112,6 +114,9 @@ class BlockMap:
         self.block_size = block_size
         self.size = size
         self.writable = writable
+        # Slot writes gathered by map page: a reflinked map (copied from the base)
+        # pays a copy-on-write per write call, and a 10% change has ~25,000 runs.
+        self._dirty: dict[int, bytearray] = {}
 
     @property
     def blocks(self) -> int:
@@ -148,7 +153,10 @@ class BlockMap:
 
     def close(self) -> None:
         if self.fd >= 0:
-            os.close(self.fd)
+            try:
+                self.flush()
+            finally:
+                os.close(self.fd)
             self.fd = -1
 
     def __enter__(self):
@@ -162,6 +170,7 @@ class BlockMap:
 
     def resize(self, size: int) -> None:
         """Change the image size; new slots read as ZERO (a grown image reads zeros there)."""
+        self.flush()
         old_blocks = self.blocks
         self.size = size
         new_blocks = self.blocks
@@ -169,12 +178,21 @@ class BlockMap:
             os.ftruncate(self.fd, HEADER.size + new_blocks * DIGEST)
         self._write_header()
 
+    def flush(self) -> None:
+        """Write the gathered pages, in file order."""
+        for page in sorted(self._dirty):
+            os.pwrite(self.fd, self._dirty[page], page * MAP_PAGE)
+        self._dirty.clear()
+
     def fsync(self) -> None:
+        self.flush()
         os.fsync(self.fd)
 
     # -- slots
     def read(self, first: int, count: int) -> bytes:
         """Digests of blocks [first, first+count); slots past the end read as ZERO."""
+        if self._dirty:
+            self.flush()
         avail = max(0, min(count, self.blocks - first))
         data = os.pread(self.fd, avail * DIGEST, HEADER.size + first * DIGEST) if avail else b""
         if len(data) < count * DIGEST:
@@ -182,9 +200,32 @@ class BlockMap:
         return data
 
     def write(self, first: int, digests: bytes) -> None:
-        os.pwrite(self.fd, digests, HEADER.size + first * DIGEST)
+        pos = HEADER.size + first * DIGEST
+        if len(digests) >= MAP_PAGE:         # large runs (a full scan) go straight out
+            self.flush()
+            os.pwrite(self.fd, digests, pos)
+            return
+        end = pos + len(digests)
+        limit = HEADER.size + self.blocks * DIGEST
+        src = 0
+        while pos < end:
+            page, rel = divmod(pos, MAP_PAGE)
+            buf = self._dirty.get(page)
+            if buf is None:
+                if len(self._dirty) >= MAX_DIRTY:
+                    self.flush()
+                base = page * MAP_PAGE
+                buf = bytearray(os.pread(self.fd, min(MAP_PAGE, max(limit, end) - base), base))
+                self._dirty[page] = buf
+            n = min(end - pos, MAP_PAGE - rel)
+            if rel + n > len(buf):
+                buf.extend(bytes(rel + n - len(buf)))
+            buf[rel:rel + n] = digests[src:src + n]
+            pos += n
+            src += n
 
     def clear(self, first: int, count: int) -> None:
+        self.flush()
         count = min(count, self.blocks - first)
         if count > 0:
             punch_hole(self.fd, HEADER.size + first * DIGEST, count * DIGEST)

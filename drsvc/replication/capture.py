@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import struct
 import time
 from array import array
 from dataclasses import dataclass
@@ -44,15 +45,14 @@ class Captured:
     reflinked: bool
     overlay: bool = False
     scan: planner.MemberScan | None = None   # overlay: ranges to hash / to clear
+    cloned: int = 0                  # overlay: ranges cloned (FICLONERANGE calls)
 
 
 def _ranges_file(path: Path, intervals) -> None:
-    a = array("q")
-    for s, e in intervals:
-        a.append(s)
-        a.append(e)
+    import numpy as np
+    a = np.asarray(intervals, dtype=np.int64).reshape(-1, 2)   # the file holds native int64 pairs
     with open(path, "wb") as f:
-        a.tofile(f)
+        f.write(a.tobytes())
         f.flush()
         os.fsync(f.fileno())
 
@@ -62,6 +62,66 @@ def read_ranges(path: Path) -> list[tuple[int, int]]:
     with open(path, "rb") as f:
         a.frombytes(f.read())
     return list(zip(a[0::2], a[1::2], strict=True))
+
+
+def _round_out(intervals, bs: int, limit: int) -> list[tuple[int, int]]:
+    """plan.round_out on arrays (a 10% change has ~25,000 ranges)."""
+    from . import extentplan
+    s, e = extentplan.round_out(extentplan._pair([a for a, _ in intervals], [b for _, b in intervals]),
+                                bs, limit)
+    return list(zip(s.tolist(), e.tolist(), strict=True))
+
+
+EXTENTS_MAGIC = b"DREXTNT1"
+_EXT_HEADER = struct.Struct("<8sQQ")     # magic, image size, xxh3-64 of the extent bytes
+
+
+def extents_path(image: Path) -> Path:
+    """The cached extent map kept beside a generation's image (``<vol>.extents``)."""
+    return image.with_suffix(".extents")
+
+
+def save_extents(path: Path, extents, size: int) -> None:
+    """Keep an overlay capture's FIEMAP of the live image: once the base is rolled
+    forward it is that generation's extent map (cloned ranges now share the live
+    image's blocks; the rest already did), so the next capture need not map the
+    base again. Checksummed: a torn file is ignored, never trusted."""
+    import xxhash
+    raw = extents.tobytes()
+    with open(path, "wb") as f:
+        f.write(_EXT_HEADER.pack(EXTENTS_MAGIC, size, xxhash.xxh3_64_intdigest(raw)) + raw)
+
+
+def load_extents(path: Path, size: int):
+    """The cached extent map of an image of *size* bytes, or None (absent, torn, other size)."""
+    import numpy as np
+    import xxhash
+
+    from ..host.fiemap import EXTENT_DTYPE
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    if len(data) < _EXT_HEADER.size:
+        return None
+    magic, cached_size, digest = _EXT_HEADER.unpack_from(data)
+    raw = memoryview(data)[_EXT_HEADER.size:]
+    dt = np.dtype(EXTENT_DTYPE)
+    if (magic != EXTENTS_MAGIC or cached_size != size or len(raw) % dt.itemsize
+            or xxhash.xxh3_64_intdigest(raw) != digest):
+        return None
+    return np.frombuffer(raw, dtype=dt).copy()
+
+
+def _base_extents(base: Path):
+    fd = os.open(base, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        cached = load_extents(extents_path(base), size)
+        return (fiemap_array(fd, size) if cached is None else cached), size
+    finally:
+        os.close(fd)
 
 
 def _coarse_now_ns() -> int:
@@ -80,11 +140,7 @@ def capture(layout, members, dest: Path, mountpoints=(), bases: dict | None = No
         if base is None:
             continue
         try:
-            fd = os.open(base, os.O_RDONLY)
-            try:
-                base_ext[vol] = (fiemap_array(fd, os.fstat(fd).st_size), os.fstat(fd).st_size)
-            finally:
-                os.close(fd)
+            base_ext[vol] = _base_extents(base)
         except OSError as e:
             if e.errno not in _NO_FIEMAP:
                 raise
@@ -115,7 +171,7 @@ def capture(layout, members, dest: Path, mountpoints=(), bases: dict | None = No
             st = os.stat(layout.image(vol))
             if st.st_mtime_ns != mtime_ns or st.st_size != size:
                 log.info("%s changed during its overlay capture: capturing it whole", vol)
-                for suffix in (".delta", ".ranges", ".clear"):
+                for suffix in (".delta", ".ranges", ".clear", ".extents"):
                     (dest / f"{vol}{suffix}").unlink(missing_ok=True)
                 out[vol] = _full(layout.image(vol), dest, vol)
     for c in out.values():      # durability after the thaw, so the freeze lasts only the clones
@@ -151,7 +207,7 @@ def _overlay(src: Path, dest: Path, vol: str, base, bs: int):
         new_extents = fiemap_array(fd, size)
         ms = planner.plan_from_extent_arrays(new_extents, base_extents, size, base_size, bs)
         fs_block = max(st.st_blksize, 4096)
-        clone = planner.round_out(ms.scan, fs_block, size)
+        clone = _round_out(ms.scan, fs_block, size)
         path = dest / f"{vol}.delta"
         dfd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
@@ -164,7 +220,8 @@ def _overlay(src: Path, dest: Path, vol: str, base, bs: int):
         os.close(fd)
     _ranges_file(dest / f"{vol}.ranges", clone)
     _ranges_file(dest / f"{vol}.clear", ms.clear)
-    return Captured(vol, path, True, overlay=True, scan=ms), (st.st_mtime_ns, size)
+    save_extents(dest / f"{vol}.extents", new_extents, size)
+    return Captured(vol, path, True, overlay=True, scan=ms, cloned=len(clone)), (st.st_mtime_ns, size)
 
 
 def roll_forward(base_img: Path, overlay_dir: Path, vol: str, size: int) -> None:

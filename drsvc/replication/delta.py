@@ -9,6 +9,8 @@ rebuild the manifest chain without re-reading skipped data.
 from __future__ import annotations
 
 import os
+import queue
+import threading
 from dataclasses import dataclass
 
 import xxhash
@@ -35,7 +37,7 @@ class ScanStats:
 
 class PlanWriter:
     def __init__(self, path):
-        self.f = open(path, "wb", buffering=1 << 20)
+        self.f = open(path, "wb", buffering=1 << 20)  # noqa: SIM115 - the writer owns it; close() closes it
         self.count = 0
 
     def add(self, member: int, is_zero: bool, offset: int, length: int, checksum: int) -> None:
@@ -198,50 +200,99 @@ def manifest_of(plan_path, upto: int | None = None) -> ManifestChain:
     return chain
 
 
+PIPELINE_DEPTH = 8        # frames read ahead of the channel (each <= CHUNK): bounded memory
+
+
 def stream_records(plan_path, fds: list[int], write, *, skip: int, codec: AdaptiveCodec,
                    flush_at: int = 256 << 10) -> tuple[int, ManifestChain]:
     """Send the plan's records after the first *skip* through ``write(bytes)``.
 
-    Returns (records sent, manifest chain over all records). Small frames are
-    batched; each data record is read back and checked against the plan's
-    checksum, so a snapshot that changed underneath is caught, never sent."""
-    chain = ManifestChain()
-    buf = bytearray()
-    data_buf = bytearray(CHUNK)
-    mv = memoryview(data_buf)
-    sent = 0
+    Returns (records sent, manifest chain over all records). A reader thread reads
+    the records in plan (offset) order, checks each against the plan's checksum (a
+    snapshot that changed underneath is caught, never sent), encodes it and hands
+    ready frames to this thread, which only writes: reading, compressing and
+    sending overlap, and the sender never waits on the peer per record. Small
+    records are batched into frames of about *flush_at* bytes."""
+    frames: queue.Queue = queue.Queue(maxsize=PIPELINE_DEPTH)
+    free: queue.Queue = queue.Queue()
+    for _ in range(PIPELINE_DEPTH + 2):
+        free.put(bytearray(CHUNK))
+    stop = threading.Event()
+    result = {"sent": 0, "chain": ManifestChain()}
+
+    def produce():
+        try:
+            _read_records(plan_path, fds, skip, codec, flush_at, frames, free, stop, result)
+        except BaseException as e:   # re-raised by the writer
+            frames.put(("error", e))
+
+    reader = threading.Thread(target=produce, name="drsvc-read-records", daemon=True)
+    reader.start()
+    try:
+        while True:
+            item = frames.get()
+            kind = item[0]
+            if kind == "end":
+                break
+            if kind == "error":
+                raise item[1]
+            write(item[1])
+            if kind == "payload":
+                free.put(item[2])
+    finally:
+        stop.set()
+        while reader.is_alive():      # unblock a reader waiting on a full queue or for a buffer
+            try:
+                while True:
+                    frames.get_nowait()
+            except queue.Empty:
+                pass
+            free.put(bytearray())
+            reader.join(0.05)
+    return result["sent"], result["chain"]
+
+
+def _read_records(plan_path, fds, skip, codec, flush_at, frames, free, stop, result) -> None:
+    chain = result["chain"]
+    out = bytearray()
+    scratch = bytearray(flush_at)
     h64 = xxhash.xxh3_64_intdigest
     for i, (member, z, off, length, ck) in enumerate(read_plan(plan_path)):
         chain.update(member, z, off, length, ck)
         if i < skip:
             continue
+        if stop.is_set():
+            return
         if z:
-            buf += encode_record_header(member, CODEC_ZERO, off, length, 0, 0)
+            out += encode_record_header(member, CODEC_ZERO, off, length, 0, 0)
         else:
-            if length > len(data_buf):
-                data_buf = bytearray(length)
-                mv = memoryview(data_buf)
-            data = mv[:length]
+            big = length >= flush_at
+            buf = free.get() if big else scratch
+            if length > len(buf):
+                buf = bytearray(length)
+            data = memoryview(buf)[:length]
             got = os.preadv(fds[member], [data], off)
             if got < length:
                 data[got:] = bytes(length - got)
             if h64(data) != ck:
                 raise ReplicationConflict(unit_id="?", reason=f"snapshot changed under the plan at offset {off}")
             c, payload = codec.encode(data)
-            buf += encode_record_header(member, c, off, length, ck, len(payload))
+            out += encode_record_header(member, c, off, length, ck, len(payload))
             if len(payload) >= flush_at:
-                write(bytes(buf))
-                buf.clear()
-                write(payload)
+                frames.put(("frame", bytes(out)))
+                out.clear()
+                frames.put(("payload", payload, buf) if big else ("frame", bytes(payload)))
             else:
-                buf += payload
-        sent += 1
-        if len(buf) >= flush_at:
-            write(bytes(buf))
-            buf.clear()
-    if buf:
-        write(bytes(buf))
-    return sent, chain
+                out += payload
+                if big:
+                    free.put(buf)
+        result["sent"] += 1
+        if len(out) >= flush_at:
+            frames.put(("frame", bytes(out)))
+            out.clear()
+    if out:
+        frames.put(("frame", bytes(out)))
+    frames.put(("end",))
 
 
 __all__ = ["PlanWriter", "read_plan", "scan_member", "AdaptiveCodec", "stream_records",

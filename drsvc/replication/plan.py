@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import ReplicaIsPrimary, ReplicationConflict
-from ..host.fiemap import (FIEMAP_EXTENT_LAST, FIEMAP_EXTENT_SHARED, FIEMAP_EXTENT_UNWRITTEN,
+from ..host.fiemap import (FIEMAP_EXTENT_UNWRITTEN,
                           UNTRUSTED_PHYSICAL, Extent)
 from .blockmap import DIGEST, ZERO
 
@@ -140,29 +140,13 @@ def plan_from_extents(new: list[Extent], base: list[Extent], new_size: int, base
 
 
 def plan_from_extent_arrays(new, base, new_size: int, base_size: int, bs: int) -> MemberScan:
-    """plan_from_extents for numpy extent arrays (host.fiemap.fiemap_array).
-
-    Extents identical in both maps (same logical range, same physical start, same
-    flags but LAST/SHARED, physical trusted) are dropped first, without a Python
-    loop; what is left follows the change, not the image's extent count. Dropping
-    them changes nothing: an identical extent is data in both, shared, and the
-    extents of one file do not overlap, so no other pair involves its range."""
-    import numpy as np
-    keep = np.uint32(0xFFFFFFFF & ~(FIEMAP_EXTENT_LAST | FIEMAP_EXTENT_SHARED))
-    same = np.zeros(len(new), dtype=bool)
-    drop_base = np.zeros(len(base), dtype=bool)
-    if len(new) and len(base):
-        nf, bf = new["flags"] & keep, base["flags"] & keep
-        idx = np.minimum(np.searchsorted(base["logical"], new["logical"]), len(base) - 1)
-        same = ((base["logical"][idx] == new["logical"]) & (base["physical"][idx] == new["physical"])
-                & (base["length"][idx] == new["length"]) & (bf[idx] == nf)
-                & ((nf & np.uint32(UNTRUSTED_PHYSICAL)) == 0))
-        drop_base[idx[same]] = True
-
-    def extents(arr):
-        return [Extent(int(lo), int(ph), int(ln), int(fl)) for lo, ph, ln, fl in
-                zip(arr["logical"], arr["physical"], arr["length"], arr["flags"], strict=True)]
-    return plan_from_extents(extents(new[~same]), extents(base[~drop_base]), new_size, base_size, bs)
+    """plan_from_extents for numpy extent arrays (host.fiemap.fiemap_array), computed
+    on arrays (replication.extentplan): no Python loop per extent, so an aged
+    image's extent count costs vector work, not interpreter time."""
+    from .extentplan import plan_arrays
+    scan, clear = plan_arrays(new, base, new_size, base_size, bs,
+                              _boundary_blocks(new_size, base_size, bs))
+    return MemberScan(scan=scan, clear=clear)
 
 
 def plan_full_scan(new_data: list[Interval], new_size: int, base_size: int, bs: int) -> MemberScan:
@@ -177,11 +161,14 @@ def plan_full_scan(new_data: list[Interval], new_size: int, base_size: int, bs: 
 def changed_runs(new_digests: bytes, base_digests: bytes, first_block: int):
     """Runs of changed blocks as (first_block, count, is_zero), in order.
 
-    Adjacent changed blocks of the same kind coalesce; the caller bounds run length."""
+    Adjacent changed blocks of the same kind coalesce; the caller bounds run length.
+    Long windows (a full scan) are compared as arrays, not block by block."""
     if new_digests == base_digests:
         return []
-    runs = []
     n = len(new_digests) // DIGEST
+    if n >= 32:
+        return _changed_runs_array(new_digests, base_digests, first_block, n)
+    runs = []
     run_start = -1
     run_zero = False
     for i in range(n):
@@ -201,6 +188,21 @@ def changed_runs(new_digests: bytes, base_digests: bytes, first_block: int):
     if run_start >= 0:
         runs.append((first_block + run_start, n - run_start, run_zero))
     return runs
+
+
+def _changed_runs_array(new_digests, base_digests, first_block: int, n: int):
+    import numpy as np
+    a = np.frombuffer(new_digests, dtype=np.uint64, count=2 * n).reshape(n, 2)
+    b = np.frombuffer(base_digests, dtype=np.uint64, count=2 * n).reshape(n, 2)
+    changed = (a != b).any(axis=1)
+    key = changed.astype(np.int8) + (changed & (a == 0).all(axis=1))   # 0 same, 1 data, 2 zero
+    cut = np.flatnonzero(key[1:] != key[:-1]) + 1
+    starts = np.concatenate(([0], cut))
+    counts = np.diff(np.append(starts, n))
+    kind = key[starts]
+    sel = kind > 0
+    return list(zip((starts[sel] + first_block).tolist(), counts[sel].tolist(), (kind[sel] == 2).tolist(),
+                    strict=True))
 
 
 def nonzero_runs(digests: bytes, first_block: int):

@@ -23,6 +23,7 @@ class SyncReport:
     records_sent: int = 0            # records sent by this run (fewer when resumed)
     resumed: bool = False
     reflink: bool = False            # changes found from FIEMAP extent maps
+    ranges_cloned: int = 0           # FICLONERANGE calls of the overlay capture (work follows the change)
     steps: list = field(default_factory=list)
     phases: dict = field(default_factory=dict)   # seconds per phase (connect_s, freeze_s, ...)
     attempts: list = field(default_factory=list)  # [{"steps": [...], "error": str | None}] per plan

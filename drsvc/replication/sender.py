@@ -25,6 +25,7 @@ from .. import store
 from ..errors import CorruptMetadata, InvalidParameter, NotPrimary, ReplicationConflict, StaleEpoch
 from ..host.fiemap import fiemap_array
 from ..host.reflink import clone_file, data_ranges
+from . import extentplan  # noqa: F401 - numpy loads with the sender, not inside a worker's first sync
 from . import plan as planner
 from .capture import capture, roll_forward
 from .blockmap import DEFAULT_BLOCK_SIZE, BlockMap, EmptyMap, check_block_size, copy_map
@@ -230,6 +231,7 @@ def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int,
             "members": out_members, "records": pw.count, "block_size": bs, "fiemap": used_fiemap,
             "scanned": stats.scanned, "changed": stats.changed, "zeroed": stats.zeroed,
             "capture_s": t_capture, "freeze_s": timings.get("freeze_s", 0.0),
+            "ranges_cloned": sum(c.cloned for c in captured.values()),
             "plan_s": time.monotonic() - t0 - t_capture,
             "created_at": time.time(), "captured_at": captured_at, "complete": True}
     store.write_doc(tmp / "meta.json", meta)
@@ -358,6 +360,7 @@ def stream(session: ApplySession, prepared: Prepared, report: SyncReport, *, uni
     report.records = meta["records"]
     report.records_sent = sent
     report.reflink = bool(meta.get("fiemap"))
+    report.ranges_cloned = int(meta.get("ranges_cloned", 0))
     report.phases["capture_s"] = round(meta.get("capture_s", 0), 4)
     report.phases["plan_s"] = round(meta.get("plan_s", 0), 4)
     report.phases["freeze_s"] = round(meta.get("freeze_s", 0), 4)

@@ -119,7 +119,7 @@ class ReplicationStatus:
                        conflict=c.conflict)
             status, message, lag, missed = h.status, h.message, h.lag_seconds, h.missed_intervals
         else:   # the receiving side reports from its receive records: lag is the data age
-            r = secondary_health(st, interval=c.interval)
+            r = secondary_health(st, interval=c.interval, last_sync_time=c.last_sync_time)
             status, message, lag, missed = r.status, r.message, r.data_age_seconds, r.silent_intervals
             last = (r.last_received_at, r.last_duration_s, r.last_bytes)
         return Info(role=role, epoch=st.epoch if st else 0, generation=st.generation if st else 0,

@@ -143,6 +143,13 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
+# The probe forks sha256sum (or the user's command) while a gRPC channel is open. With gRPC's
+# fork support on, its at-fork handlers restart the event engine in the child, which then
+# trips over the descriptors the spawn closes: seen as SIGABRT (rc -6) or a probe with no
+# output. The child only execs, so it needs none of that. Set before grpc is imported.
+# Upstream: grpc/grpc#43055 (EBADF after subprocess.Popen since grpcio 1.81; workaround as #13873).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 try:
     import grpc
     from drsvc_cli.client import DrClient, RpcFailed

@@ -43,8 +43,11 @@ options:
     choices: [enabled, disabled, primary, secondary, resynced, synced, status]
     default: status
   force:
-    description: With C(state=primary), promote even though the peer is unreachable or has not
-      demoted. The old primary is fenced by the new epoch.
+    description:
+      - With C(state=primary), promote even though the peer is unreachable or has not
+        demoted. The old primary is fenced by the new epoch.
+      - With C(state=resynced), discard this copy's own writes that the primary does not hold
+        (ResyncVolume force). Without it such a copy stays C(ready=false) and keeps its data.
     type: bool
     default: false
   interval:
@@ -267,7 +270,7 @@ class Unit:
         consistent = before["status"] == "HEALTHY"
         if self.check:
             return not consistent, "none" if consistent else "resync", {"ready": consistent}
-        ready = bool(self.call("ResyncVolume").ready)
+        ready = bool(self.call("ResyncVolume", force=self.module.params["force"]).ready)
         # a copy that was already consistent needed nothing; otherwise a resync was requested or finished
         return not consistent, "none" if consistent else "resync", {"ready": ready}
 

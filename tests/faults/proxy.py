@@ -2,7 +2,9 @@
 
 `arm(n)` makes the next connection reset both ends once n client->server bytes
 have passed (an RST, as a dropped link looks to both sides); unarmed
-connections pass through. Every connection is a thread pair-less pump (select).
+connections pass through. `arm_live(n)` cuts whichever connection, open or new,
+next carries n more client->server bytes: the link under a warm SSH session that
+a worker keeps between syncs. Every connection is a thread pair-less pump (select).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ class CuttingProxy:
         self.listener = socket.create_server((host, 0))
         self.port = self.listener.getsockname()[1]
         self._armed: list[int] = []
+        self._live: int | None = None   # client->server bytes left before a live cut
         self._lock = threading.Lock()
         self.cuts = 0
         self.connections = 0
@@ -33,9 +36,26 @@ class CuttingProxy:
         with self._lock:
             self._armed.extend(cut_after)
 
+    def arm_live(self, cut_after: int) -> None:
+        """Cut the connection that carries the next cut_after client->server bytes."""
+        with self._lock:
+            self._live = cut_after
+
     def disarm(self) -> None:
         with self._lock:
             self._armed.clear()
+            self._live = None
+
+    def _live_cut(self, n: int) -> int | None:
+        """Count n bytes against a live cut; the bytes to forward before cutting, if it is due."""
+        with self._lock:
+            if self._live is None:
+                return None
+            if n < self._live:
+                self._live -= n
+                return None
+            left, self._live = self._live, None
+            return left
 
     def _accept(self) -> None:
         self.listener.settimeout(0.2)
@@ -69,6 +89,12 @@ class CuttingProxy:
                         if cut is not None and passed + len(data) >= cut:
                             server.sendall(data[:cut - passed])
                             passed = cut
+                            self.cuts += 1
+                            return
+                        left = self._live_cut(len(data))
+                        if left is not None:
+                            server.sendall(data[:left])
+                            passed += left
                             self.cuts += 1
                             return
                         passed += len(data)

@@ -13,10 +13,14 @@ from pathlib import Path
 import grpc
 
 from csi_plugin.gen import admin_pb2, admin_pb2_grpc
+from drsvc import store
 from drsvc.lab import receiver_command
+from drsvc.replication import remote
 from drsvc.replication.layout import PoolLayout
 from drsvc.replication.state import find_state
+from drsvc.transport import ssh
 from drsvc.transport.ssh import SshPeer
+from tests.dr.helpers import write_random
 from tests.fixtures.sites import image_sha
 
 from .tally import TALLY
@@ -77,6 +81,21 @@ def peer_of(site, name="b", *, port=None, known_hosts=None, io_timeout=30.0) -> 
     return SshPeer(p.host, port=port or p.port, user=p.user, key_file=p.key,
                    known_hosts=known_hosts or p.known_hosts, name=name, io_timeout=io_timeout,
                    connect_timeout=10)
+
+
+def write_quiesced(site, unit_id, **kw) -> int:
+    """write_random under the unit's lock, like an application quiesced for a snapshot: a
+    scheduled capture waits (or is skipped, in progress) instead of landing between two
+    writes, so every generation sent is one the test recorded."""
+    with store.file_lock(PoolLayout(site.pool).lock_path(unit_id), key=unit_id):
+        return write_random(site, unit_id, **kw)
+
+
+def fresh_link() -> None:
+    """Drop this process's warm receivers and cached SSH logins, so the next sync opens a
+    new connection (through whatever proxy its peer names) from the handshake on."""
+    remote.discard_idle()
+    ssh.close_all()
 
 
 def set_receiver_failpoints(lab, name: str, points=()) -> None:

@@ -14,7 +14,7 @@ from drsvc.replication.state import find_state
 from tests.dr.helpers import generation, wait_for, write_random
 
 from .proxy import CuttingProxy
-from .steps import MiB, Generations, check_converged, peer_of, receiver_pids, sync_now
+from .steps import MiB, Generations, check_converged, fresh_link, peer_of, receiver_pids, sync_now
 from .tally import fault
 
 
@@ -48,7 +48,8 @@ def random_cuts(lab, rnd, rounds):
             write_random(sa, vol, count=delta // (64 << 10), seed=rnd.random())
             gens.record(sa, vol)
             cuts = proxy.cuts
-            # anywhere from inside the SSH handshake to the end of the records
+            # anywhere from inside the SSH handshake to the end of the records: a new login
+            fresh_link()
             proxy.arm(rnd.randrange(500, delta))
             try:
                 with peer_of(sa, port=proxy.port, known_hosts=kh, io_timeout=15) as p:
@@ -107,7 +108,8 @@ def cuts_under_the_worker(lab, rnd, rounds):
             gens.record(sa, vol)
             target = generation(sa, vol) + 1
             cuts = proxy.cuts
-            proxy.arm(rnd.randrange(delta // 3, delta * 2 // 3))
+            # the worker keeps its SSH session warm between syncs: cut that link mid-stream
+            proxy.arm_live(rnd.randrange(delta // 3, delta * 2 // 3))
             threading.Thread(target=_quiet, args=(sync_now, A, vol, 2), daemon=True).start()
             wait_for(lambda target=target: generation(sa, vol) >= target, 90, what="the retried sync")
             assert proxy.cuts > cuts

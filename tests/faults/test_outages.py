@@ -134,7 +134,9 @@ def test_split_brain_fenced_and_resynced(flab):
     assert find_state(sb.pool, vol).epoch > find_state(sa.pool, vol).epoch
 
     reissue(lambda: A.call("DemoteVolume", volume_id=vol), what="demote")
-    wait_for(lambda: reissue(lambda: A.call("ResyncVolume", volume_id=vol), what="resync").ready,
+    # a's own writes are kept until a resync with force discards them (issue 10 item 3)
+    assert not reissue(lambda: A.call("ResyncVolume", volume_id=vol), what="resync").ready
+    wait_for(lambda: reissue(lambda: A.call("ResyncVolume", volume_id=vol, force=True), what="resync").ready,
              90, what="resync to finish")
     b_now = image_sha(sb, vol)
     assert image_sha(sa, vol) == b_now

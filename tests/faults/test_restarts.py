@@ -15,7 +15,7 @@ from tests.dr.helpers import generation, wait_for, wait_synced_after, write_rand
 from tests.fixtures.sites import image_sha
 
 from .steps import (MiB, Generations, check_converged, intervals_overlap, receiver_pids, reissue,
-                    status, sync_now)
+                    status, sync_now, write_quiesced)
 from .tally import fault
 
 
@@ -79,7 +79,8 @@ def redis_during_sync(lab, rnd, rounds):
     sa, sb = lab.sites["a"], lab.sites["b"]
     vol, gens = _replicated(lab, f"rsync-{rnd.randrange(1 << 30)}", 128 * MiB, bw=32 * MiB, interval="2s")
     for _ in range(rounds):
-        write_random(sa, vol, count=rnd.randint(64, 128), size=256 << 10, seed=rnd.random())
+        # the schedule runs while we write: hold the unit so no capture lands mid-write
+        write_quiesced(sa, vol, count=rnd.randint(64, 128), size=256 << 10, seed=rnd.random())
         gens.record(sa, vol)
         target = generation(sa, vol) + 1
         wait_for(lambda: receiver_pids(sb.pool), 30, interval=0.01, what="a scheduled sync")

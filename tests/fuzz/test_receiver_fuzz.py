@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from drsvc.replication import protocol, sync_unit
 from drsvc.replication.protocol import CODEC_RAW, CODEC_ZERO, CODEC_ZSTD, FrameReader, ManifestChain
 from drsvc.replication.state import find_state
+from drsvc.transport import Peer
 from drsvc.transport.local import LocalPeer
 from tests.faults.steps import peer_of
 from tests.faults.tally import FUZZ_CASES
@@ -33,8 +34,9 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-class Recorder:
-    """A LocalPeer whose channels keep every byte the sender wrote."""
+class Recorder(Peer):
+    """A LocalPeer whose channels keep every byte the sender wrote. A Peer without a
+    session_key: one receiver process per request, no warm `serve` framing."""
 
     def __init__(self, pool):
         self.inner = LocalPeer(pool)

@@ -67,6 +67,8 @@ def test_cli_runbook_end_to_end(lab):
     assert pr["result"]["role"] == "primary" and pr["result"]["epoch"] == 1
     _, rs = drsvc(sa, "resync", "--volume", vid, "--wait")
     assert rs["result"]["ready"] is True
+    _, rs = drsvc(sa, "resync", "--volume", vid, "--force", "--wait")   # a consistent copy: nothing to discard
+    assert rs["result"]["ready"] is True
     _, cl = drsvc(sa, "clone", "--volume", vid, "--prefix", "drill1")
     assert cl["result"]["volumes"][0]["volume_id"] != vid
     drsvc(sa, "volume", "delete", cl["result"]["volumes"][0]["volume_id"])

@@ -1,16 +1,130 @@
-"""The README's main job: `drsvc demo --json` on this host."""
+"""The README's main job, `drsvc demo`, and its lifecycle: `--keep`, then the printed
+`drsvc demo down --root DIR` leaves nothing behind (issue 11, "Lifecycle").
+
+Both tests run the whole demo on real parts (two sites, redis, sshd, Celery, the playbooks).
+"""
+from __future__ import annotations
+
 import json
+import os
+import re
+import shlex
+import socket
 import subprocess
 import sys
+from pathlib import Path
+
+from tests.fixtures.sites import need_lab
 
 
-def test_demo_runs_end_to_end(tmp_path):
-    from tests.fixtures.sites import need_lab
+def _drsvc(*args, env=None, timeout=600):
+    return subprocess.run([sys.executable, "-m", "drsvc_cli.main", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def _mentions(root: Path) -> dict:
+    """What on this host still refers to *root*: /proc/mounts lines, `losetup -a` lines and
+    processes whose command line names it. (Other tests may run at the same time, so only
+    lines that name the root count.)"""
+    r = str(root)
+    mounts = [ln for ln in Path("/proc/mounts").read_text().splitlines() if r in ln]
+    loops = [ln for ln in subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout.splitlines()
+             if r in ln]
+    procs = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if r + "/" in cmd:
+                procs.append(f"{d.name}: {cmd}")
+    return {"mounts": mounts, "loops": loops, "processes": procs}
+
+
+def _alive(pid: int) -> bool:
+    """Running: it exists and has not exited (an exited child of a process that is gone
+    waits, a zombie, for init to reap it; it holds no port, file or mount)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_demo_keep_then_down_leaves_nothing(tmp_path):
     need_lab()
-    p = subprocess.run([sys.executable, "-m", "drsvc_cli.main", "demo", "--json", "--root", str(tmp_path / "demo")],
-                       capture_output=True, text=True, timeout=600)
-    doc = json.loads(p.stdout.strip().splitlines()[-1])
-    assert p.returncode == 0 and doc["ok"] is True, json.dumps(doc, indent=1)[-3000:]
-    assert [s["ok"] for s in doc["steps"]] == [True] * len(doc["steps"]) and len(doc["steps"]) >= 8
-    # the checksums compared: every file written at a is identical at b
-    assert doc["checksums"]["a"] == doc["checksums"]["b"] and len(doc["checksums"]["a"]) == 4
+    root = (tmp_path / "demo").resolve()
+    before = _mentions(root)
+    assert before == {"mounts": [], "loops": [], "processes": []}
+    doc: dict = {}
+    try:
+        p = _drsvc("demo", "--json", "--keep", "--root", str(root))
+        doc = json.loads(p.stdout.strip().splitlines()[-1])
+        assert p.returncode == 0 and doc["ok"] is True, json.dumps(doc, indent=1)[-3000:] + p.stderr[-2000:]
+        assert [s["ok"] for s in doc["steps"]] == [True] * len(doc["steps"]) and len(doc["steps"]) >= 8
+        # every file written at a is identical at b, on all four volumes
+        assert doc["checksums"]["a"] == doc["checksums"]["b"] and len(doc["checksums"]["a"]) == 4
+
+        # the database syncs: deltas carry the changed blocks, not the image; rsync for the same change
+        syncs = doc["syncs"]
+        assert len(syncs) >= 3
+        for s in syncs:
+            assert s["bytes_changed"] >= 0.9 * s["app_bytes"], s            # what the app wrote did change
+            assert s["bytes_on_wire"] <= 1.05 * s["bytes_changed"] + (256 << 10), s   # and only that travels
+            assert s["bytes_on_wire"] < (1 << 30) // 2, s                   # never the 1 GiB image
+        for s in syncs[1:]:      # scattered 8 KiB page rewrites: rsync's blocks are bigger than a page
+            assert s["rsync"] is not None and s["rsync"]["bytes_sent"] > s["bytes_on_wire"], s
+
+        # the planned failover reads HEALTHY at the new primary, never UNKNOWN
+        failover = next(s for s in doc["steps"] if s["step"].startswith("planned failover"))
+        assert set(failover["detail"]) == {"group (Ansible)", "volume (CLI)"}, failover
+        said = " ".join(failover["detail"].values())
+        assert said.count("b is primary at epoch 1 (HEALTHY)") == 2 and "UNKNOWN" not in said, said
+
+        # kept: the sites run, and the check below can see them
+        kept = _mentions(root)
+        assert kept["mounts"] and kept["loops"] and kept["processes"], kept
+        sites = doc["sites"]
+        assert all(_alive(s["redis_pid"]) and _alive(s["sshd_pid"]) for s in sites.values()), sites
+        assert all(Path(s["config"]).exists() for s in sites.values())
+        assert doc["down"] == f"drsvc demo down --root {shlex.quote(str(root))}"
+    finally:
+        argv = shlex.split(doc.get("down") or f"drsvc demo down --root {root}")
+        assert argv[:3] == ["drsvc", "demo", "down"]
+        d = _drsvc(*argv[1:], timeout=300)
+    assert d.returncode == 0, d.stdout + d.stderr
+    assert _mentions(root) == before
+    for s in sites.values():
+        assert not _alive(s["redis_pid"]) and not _alive(s["sshd_pid"]), s
+        assert not _listening(s["redis_port"]) and not _listening(s["sshd_port"]), s
+    assert not root.exists()
+    # repeat-safe: a second `down` finds nothing and succeeds
+    assert _drsvc(*argv[1:], timeout=120).returncode == 0
+
+
+def test_demo_output_reads_for_people(tmp_path):
+    """Piped, the demo prints rich tables at 120 columns with no Python reprs, and removes
+    everything it started when it ends."""
+    need_lab()
+    root = (tmp_path / "demo").resolve()
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    p = _drsvc("demo", "--root", str(root), env=env)
+    out = p.stdout
+    assert p.returncode == 0, out[-4000:] + p.stderr[-2000:]
+    lines = out.splitlines()
+    assert max(len(ln) for ln in lines) <= 120, max(lines, key=len)
+    assert not re.search(r"\{'|\['|': |\"msg\"|Traceback", out), out
+    assert "drsvc demo: PASSED" in out
+    # the per-sync table: what the app wrote, what changed, what went on the wire, and rsync's bytes
+    header = next(ln for ln in lines if "drsvc sent" in ln)
+    assert all(w in header for w in ("app wrote", "changed", "took", "rsync sent")), header
+    assert sum(1 for ln in lines if re.search(r"MiB .* MiB .* MiB .*\d+\.\d+x", ln)) >= 3
+    assert out.count("b is primary at epoch 1 (HEALTHY)") == 2 and "UNKNOWN" not in out
+    assert _mentions(root) == {"mounts": [], "loops": [], "processes": []}

@@ -121,7 +121,7 @@ def test_flower_shows_replication_tasks_without_secrets(lab, tmp_path):
         assert dom.returncode == 0, dom.stderr[-2000:]
         rows = re.findall(r"<tr[^>]*>.*?</tr>", dom.stdout, re.S)
         assert any(f"drsvc.sync {vol}" in r and "trigger" in r for r in rows), dom.stdout[-3000:]
-        shot = Path(os.environ.get("DRSVC_ARTIFACTS", "/work/artifacts")) / "flower-tasks.png"
+        shot = Path(os.environ.get("DRSVC_ARTIFACTS") or tmp_path) / "flower-tasks.png"
         shot.parent.mkdir(parents=True, exist_ok=True)
         r = _headless(tool, f"--screenshot={shot}", "--window-size=1600,900", f"http://127.0.0.1:{port}/tasks")
         assert r.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", r.stderr[-2000:]

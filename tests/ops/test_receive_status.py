@@ -17,7 +17,7 @@ import time
 
 import grpc
 
-from drsvc.replication.health import assess_secondary
+from drsvc.replication.health import assess_secondary, roll_forward
 from drsvc.replication.state import find_state
 from tests.dr.helpers import code_of, generation, wait_for, write_random
 from tests.ops.test_monitoring import Metrics, scrape
@@ -39,6 +39,30 @@ def test_assess_secondary_pure():
     # a missing list reads as empty
     h = assess_secondary(now=5.0, interval=10, generation=0, received=None)
     assert h.status == "HEALTHY" and h.data_age_seconds == 0.0 and h.last_received_at == 0.0
+    # a demoted primary holds its own generation 5 (its final sync, captured at 1010): the data
+    # age counts from that capture, not 0, until a receive covers the generation held
+    h = assess_secondary(now=1040.0, interval=10, generation=5, received=rec, heard_at=1035.0,
+                         own_capture=1010.0)
+    assert h.status == "HEALTHY" and h.data_age_seconds == 30.0 and "its own" in h.message
+    h = assess_secondary(now=1040.0, interval=10, generation=5, received=None, heard_at=1035.0,
+                         own_capture=1010.0)
+    assert h.data_age_seconds == 30.0
+    newer = rec + [dict(rec[0], generation=5, captured_at=1030.0, received_at=1031.0)]
+    h = assess_secondary(now=1040.0, interval=10, generation=5, received=newer, heard_at=1035.0,
+                         own_capture=1010.0)
+    assert h.data_age_seconds == 10.0 and h.last_received_at == 1031.0
+
+
+def test_next_run_rolls_forward_only_when_the_run_happened():
+    # published run at 100, interval 10: a sync started at 101 means the run happened; next is 110
+    assert roll_forward(100.0, interval=10, last_sync=101.0, now=105.0) == 110.0
+    # a long sync (started 101, still the last at 125): the next run on the grid after it
+    assert roll_forward(100.0, interval=10, last_sync=121.0, now=125.0) == 130.0
+    # no sync since the published run: it stays in the past (overdue: the scheduler is not firing)
+    assert roll_forward(100.0, interval=10, last_sync=95.0, now=130.0) == 100.0
+    # a run still ahead, or nothing scheduled, is left alone
+    assert roll_forward(140.0, interval=10, last_sync=135.0, now=130.0) == 140.0
+    assert roll_forward(0.0, interval=10, last_sync=135.0, now=130.0) == 0.0
 
 
 def _cli_status(site, vol):
@@ -48,7 +72,19 @@ def _cli_status(site, vol):
     return json.loads(p.stdout.splitlines()[-1])["result"]
 
 
+def _cli_view(site, vol, columns):
+    """`drsvc status` as an operator reads it (piped, so the width comes from COLUMNS)."""
+    p = subprocess.run([sys.executable, "-m", "drsvc_cli.main", "status", "--volume", vol, "--config",
+                        str(site.config_path)], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, COLUMNS=str(columns)))
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p.stdout
+
+
 def test_secondary_degrades_when_primary_is_silent_and_recovers(lab):
+    """The acceptance test of issue 11: the primary's scheduler is paused (SIGSTOP), and the
+    secondary turns DEGRADED with a growing data age in all three surfaces, `drsvc status`
+    (JSON and the table), the Admin service and /metrics; then it recovers on SIGCONT."""
     from drsvc_cli.client import DrClient
     A, B = lab.clients["a"], lab.clients["b"]
     sa, sb = lab.sites["a"], lab.sites["b"]
@@ -93,6 +129,12 @@ def test_secondary_degrades_when_primary_is_silent_and_recovers(lab):
         assert m2[f'drsvc_replication_health{{{key},status="DEGRADED"}}'] == 1
         assert m2[f"drsvc_replication_missed_intervals{{{key}}}"] >= 2
         assert c2["status"] == "DEGRADED" and c2["lag_seconds"] > c1["lag_seconds"]
+        # the three surfaces read the same records: /metrics' data age lies between two Admin reads
+        assert s1["lag_seconds"] <= m2[f"drsvc_replication_lag_seconds{{{key}}}"] <= \
+            bc.status(volume_id=vol)["lag_seconds"]
+        for cols in (80, 160):
+            view = _cli_view(sb, vol, cols)
+            assert "DEGRADED" in view and vol in view and "silent for" in " ".join(view.split()), view
         assert code_of(lambda: B.call("GetVolumeReplicationInfo", volume_id=vol)) == \
             grpc.StatusCode.FAILED_PRECONDITION
     finally:
@@ -102,4 +144,9 @@ def test_secondary_degrades_when_primary_is_silent_and_recovers(lab):
     assert s3["lag_seconds"] < s2["lag_seconds"] and s3["missed_intervals"] == 0
     wait_for(lambda: Metrics(scrape(port))[f'drsvc_replication_health{{{key},status="HEALTHY"}}'] == 1, 30,
              what="/metrics to recover")
+    m3 = Metrics(scrape(port))
+    assert m3[f"drsvc_replication_lag_seconds{{{key}}}"] < m2[f"drsvc_replication_lag_seconds{{{key}}}"]
+    assert m3[f"drsvc_replication_missed_intervals{{{key}}}"] == 0
+    c3 = _cli_status(sb, vol)
+    assert c3["status"] == "HEALTHY" and c3["lag_seconds"] < c2["lag_seconds"], c3
     bc.close()

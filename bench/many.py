@@ -1,0 +1,191 @@
+"""Cases `many` and `idle_celery`: syncs through the real Celery path, by ONE worker process.
+
+A two-site lab of its own (drsvc.lab: pools on loop XFS, redis-server, sshd
+with the forced receiver and pinned host keys, site configs) and one Celery
+worker (`drsvc worker --concurrency 1`, the argv `drsvc site up` uses). Volumes
+are made by the site's volume service: one of --many-mib MiB filled with random
+data, the others reflink clones of it (CreateVolume from a volume source); each
+is enabled for replication through the request side (the worker runs the enable
+job and the initial sync). Then, per run, 1% of every volume is rewritten and
+all of them are queued at once as drsvc.sync tasks by the Celery dispatcher, as
+the scheduler's enqueue does: `drsvc_s` is the wall time from the first enqueue
+to the last result, beside --many-count rsync runs of the same data (rsync's
+copies are reflink copies of the replicas after the initial sync).
+
+`idle_celery`: then --idle-syncs syncs of one volume with --idle-kib KiB changed,
+each queued and awaited alone: wall time from enqueue to result (what a caller
+sees), and the worker's own duration of the sync job.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from drsvc import runner
+
+from .floor import coalesce
+from .harness import MiB, RSYNC_DELTA, CaseResult, Run, measure, phase_medians, rewrite_blocks, run_rsync
+from .harness import same_content, stats, write_random
+from .rss import PeakRss, receiver_of
+
+
+def _wait(pred, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.2)
+
+
+class OneWorker:
+    """One Celery worker process for a site, concurrency 1 (a context manager)."""
+
+    def __init__(self, cfg, log: Path):
+        self.cfg, self.log = cfg, log
+        self.proc = None
+
+    def __enter__(self):
+        argv = [sys.executable, "-c", "import sys; from workers.tasks import worker_main; sys.exit(worker_main())",
+                "--config", self.cfg.path, "--hostname", f"bench-{self.cfg.site}@%h", "--concurrency", "1",
+                "--loglevel", "WARNING"]
+        env = dict(os.environ, DRSVC_CONFIG=str(self.cfg.path), PYTHONUNBUFFERED="1")
+        with open(self.log, "ab") as log:
+            self.proc = runner.spawn(argv, env=env, stdout=log, stderr=log)
+        return self
+
+    def matches(self, cmd: bytes) -> bool:
+        """The worker and its pool process (a fork: same command line)."""
+        return b"worker_main" in cmd and str(self.cfg.path).encode() in cmd
+
+    def __exit__(self, *exc):
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+        except ProcessLookupError:
+            pass
+        except Exception:  # noqa: BLE001 - it must not outlive the bench
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def _sync_all(app, dispatcher, vids, pool, timeout: float) -> dict:
+    """Queue one drsvc.sync per volume at once; wait for every result."""
+    from drsvc.replication.state import find_state
+    t = time.monotonic()
+    ids = [dispatcher.submit("sync", vid, {"trigger": "bench"}) for vid in vids]
+    results = [app.AsyncResult(i).get(timeout=timeout, disable_sync_subtasks=False) for i in ids]
+    wall = time.monotonic() - t
+    bad = [r for r in results if not (isinstance(r, dict) and r.get("ok"))]
+    if bad:
+        raise RuntimeError(f"{len(bad)} of {len(vids)} syncs failed: {bad[0]}")
+    phases = [find_state(pool, vid).reports[-1].get("phases", {}) for vid in vids]
+    return {"wall_s": wall, "durations": [r["duration_s"] for r in results],
+            "report": {"bytes_on_wire": sum(r["bytes_on_wire"] for r in results),
+                       "phases": phase_medians(phases)}}
+
+
+def many_case(args, rnd) -> list[CaseResult]:
+    from drsvc.lab import Lab
+    from drsvc.model import BLOCK, Capability, ContentSource
+    from drsvc.replication.state import find_state
+    from drsvc.site import Site
+    from workers.app import make_app
+    from workers.client import CeleryDispatcher
+
+    from .site import Cold, sshd_site
+
+    n, size = args.many_count, args.many_mib * MiB
+    cold_ok = not args.warm
+    res = CaseResult("many", cold_ok)
+    idle = CaseResult("idle_celery", False)
+    root = Path(tempfile.mkdtemp(prefix="drsvc-bench-many-"))
+    lab = Lab(root, pool_size=f"{max(20, 2 * n * size // (1 << 30) + 8)}G", visibility_timeout=600)
+    try:
+        lab.build()
+        sa, sb = lab.sites["a"], lab.sites["b"]
+        cfg = sa.cfg
+        app = make_app(cfg)
+        dispatcher = CeleryDispatcher(app)
+        site = Site.from_config(cfg, dispatcher=dispatcher, rpc_wait=600)
+        cold = Cold([sa.pool.parent, sb.pool.parent], [sa.fs_image, sb.fs_image],
+                    args.drop_caches if cold_ok else "off")
+        rdir = sb.pool.parent / "rsync"
+        rdir.mkdir()
+        caps = [Capability(BLOCK, "SINGLE_NODE_WRITER")]
+        base = site.volumes.create_volume("many-000", required_bytes=size, capabilities=caps)
+        write_random(site.pool.image(base.volume_id), base.capacity_bytes, rnd)
+        vols = [base] + [site.volumes.create_volume(f"many-{i:03}", required_bytes=size, capabilities=caps,
+                                                    source=ContentSource("volume", base.volume_id))
+                         for i in range(1, n)]
+        vids = [v.volume_id for v in vols]
+        img = {vid: site.pool.image(vid) for vid in vids}
+        with OneWorker(cfg, root / "worker.log") as worker, \
+                PeakRss(worker.matches) as srss, PeakRss(receiver_of(sb.pool)) as rrss, \
+                sshd_site(sb.pool) as rsite:
+            t = time.monotonic()
+            for vid in vids:
+                site.replication.requests.enable(site.status.resolve("volume", vid), {"schedulingInterval": "1h"})
+
+            def initial_done():
+                return all((st := find_state(sa.pool, vid)) is not None and st.generation >= 1 for vid in vids)
+            _wait(initial_done, 120 + n * (size / (50 * MiB) + 2), "the initial syncs")
+            res.extra["initial_syncs_s"] = round(time.monotonic() - t, 3)
+            for vid in vids:
+                runner.run(["cp", "--reflink=always", sb.pool / "images" / f"{vid}.img", rdir / f"{vid}.img"])
+
+            def change(i):
+                files = [(img[vid], coalesce(rewrite_blocks(img[vid], 0.01, rnd))) for vid in vids]
+                return Run(sum(ln for _, ranges in files for _, ln in ranges), files)
+            durations = []
+
+            def drsvc(i):
+                out = _sync_all(app, dispatcher, vids, sa.pool, timeout=600 + n * 30)
+                durations.extend(out["durations"])
+                return out
+
+            def rsync(i):
+                t = time.monotonic()
+                wire = sum(run_rsync(rsite, img[vid], rdir / f"{vid}.img", RSYNC_DELTA)[1] for vid in vids)
+                return time.monotonic() - t, wire
+            measure(res, args.repeat, make_cold=cold, change=change, drsvc=drsvc,
+                    rsync=None if args.no_rsync else rsync)
+            res.extra.update({
+                "units": n, "volume_bytes": size, "worker_concurrency": 1,
+                "syncs_per_s": stats([n / w for w in res.drsvc]),
+                "rsync_runs_per_s": stats([n / w for w in res.rsync]) if res.rsync else None,
+                "per_sync_worker_s": {"median": round(statistics.median(durations), 4),
+                                      "max": round(max(durations), 4), "syncs": len(durations)}})
+            res.verified = all(same_content(img[vid], sb.pool / "images" / f"{vid}.img",
+                                            *([] if args.no_rsync else [rdir / f"{vid}.img"])) for vid in vids)
+
+            # idle_celery: a few KiB changed, one sync at a time, in the warm worker
+            vid = vids[0]
+            blocks = max(1, args.idle_kib // 4)
+            jobs_s = []
+
+            def one(i):
+                from drsvc.replication.state import find_state as fs
+                t = time.monotonic()
+                out = app.AsyncResult(dispatcher.submit("sync", vid, {"trigger": "bench"})).get(
+                    timeout=600, disable_sync_subtasks=False)
+                wall = time.monotonic() - t
+                if not out.get("ok"):
+                    raise RuntimeError(f"idle sync failed: {out}")
+                jobs_s.append(out["duration_s"])
+                return {"wall_s": wall, "report": {"bytes_on_wire": out["bytes_on_wire"],
+                                                   "phases": fs(sa.pool, vid).reports[-1].get("phases", {})}}
+            measure(idle, max(args.idle_syncs, 1), make_cold=lambda: None,
+                    change=lambda i: Run(len(rewrite_blocks(img[vid], 0, rnd, count=blocks)) * 4096),
+                    drsvc=one, rsync=None)
+            idle.extra.update({"worker_job_s": stats(jobs_s), "image_bytes": size, "goal_s": 0.030,
+                               "note": "drsvc_s: enqueue to result through Celery; worker_job_s: the job itself"})
+            idle.verified = same_content(img[vid], sb.pool / "images" / f"{vid}.img")
+        res.rss = idle.rss = {"sender": srss.peak, "receiver": rrss.peak}
+    finally:
+        lab.teardown()
+    return [res, idle]

@@ -1,0 +1,134 @@
+"""A warm sync worker for the bench: one long-lived process that runs sync after sync.
+
+    python -m bench.worker --socket PATH --port N --key K --known-hosts F
+
+It keeps what a Celery worker process keeps between tasks (the imported engine,
+the cached SSH connection and warm receivers), so a sync's wall time is what a
+worker spends on it. Requests and replies are JSON lines on a unix socket:
+{"pool", "unit", "members"?} -> {"wall_s", "report", "rss"} or {"error"}.
+The parent side is :class:`SyncWorker`.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from drsvc import runner
+from drsvc.errors import Unavailable
+
+from .rss import vm_hwm
+
+REPO = Path(__file__).resolve().parents[1]       # `-m bench.worker` wherever the bench runs from
+
+
+def serve(args) -> None:
+    from drsvc.replication import sync_unit
+    from drsvc.transport.ssh import SshPeer
+    peer = SshPeer("127.0.0.1", port=args.port, key_file=args.key, known_hosts=args.known_hosts)
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(args.socket)
+    srv.listen(1)
+    conn, _ = srv.accept()
+    f = conn.makefile("rwb")
+    for line in f:
+        req = json.loads(line)
+        t = time.monotonic()
+        try:
+            rep = sync_unit(req["pool"], req["unit"], req.get("members") or [req["unit"]], peer)
+            out = {"wall_s": time.monotonic() - t, "report": rep.to_dict(), "rss": vm_hwm(os.getpid())}
+        except Exception as e:  # noqa: BLE001 - reported to the parent, which fails the bench
+            out = {"error": f"{type(e).__name__}: {e}"}
+        finally:
+            peer.close()          # as a job does; the connection stays cached in the process
+        f.write(json.dumps(out).encode() + b"\n")
+        f.flush()
+
+
+class SyncWorker:
+    """The parent's handle on a bench worker process (a context manager)."""
+
+    def __init__(self, site, sock_dir: Path):
+        self.site = site
+        self.path = Path(sock_dir) / f"worker-{os.getpid()}-{time.monotonic_ns()}.sock"
+        self.proc = None
+        self.f = None
+
+    def __enter__(self) -> SyncWorker:
+        self.proc = runner.spawn([sys.executable, "-m", "bench.worker", "--socket", self.path,
+                                  "--port", self.site.port, "--key", self.site.client_key,
+                                  "--known-hosts", self.site.known_hosts], cwd=REPO)
+        deadline = time.monotonic() + 60
+        s = socket.socket(socket.AF_UNIX)
+        while True:
+            try:
+                s.connect(str(self.path))
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise Unavailable("the bench worker did not start") from None
+                time.sleep(0.02)
+        self.sock = s
+        self.f = s.makefile("rwb")
+        return self
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def sync(self, pool, unit: str, members=None) -> dict:
+        self.f.write(json.dumps({"pool": str(pool), "unit": unit, "members": members}).encode() + b"\n")
+        self.f.flush()
+        line = self.f.readline()
+        if not line:
+            raise Unavailable("the bench worker died")
+        out = json.loads(line)
+        if "error" in out:
+            raise RuntimeError(f"sync of {unit} failed: {out['error']}")
+        return out
+
+    def __exit__(self, *exc):
+        try:
+            self.f.close()
+            self.sock.close()
+        finally:
+            try:
+                self.proc.wait(timeout=30)
+            except Exception:  # noqa: BLE001 - make sure it is gone
+                self.proc.kill()
+                self.proc.wait()
+            self.path.unlink(missing_ok=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.worker")
+    ap.add_argument("--socket", required=True)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--key", required=True)
+    ap.add_argument("--known-hosts", required=True)
+    serve(ap.parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+@contextlib.contextmanager
+def case_worker(ctx, res):
+    """A fresh warm worker for one case: its session opened by a sync of the warm-up unit
+    (untimed); the peak RSS of the worker and of the receivers serving it go to *res*."""
+    from .rss import PeakRss, receiver_of
+    with PeakRss(receiver_of(ctx.b)) as rr, SyncWorker(ctx.site, ctx.tmp) as w:
+        out = w.sync(ctx.a, ctx.warmup_unit)
+        res.extra["warmup_connect_s"] = round(out["report"]["phases"].get("connect_s", 0.0), 4)
+        try:
+            yield w
+        finally:
+            res.rss["sender"] = max(res.rss["sender"], vm_hwm(w.pid))
+    res.rss["receiver"] = max(res.rss["receiver"], rr.peak)

@@ -1,0 +1,55 @@
+"""bench.goals judges issue 9's goals from the bench's JSON line: thresholds and edges."""
+from __future__ import annotations
+
+from bench.goals import judge, table
+
+
+def case(name, drsvc, rsync=None, floor=None, changed=10 << 20, wire=None, freeze=0.01):
+    runs = drsvc if isinstance(drsvc, list) else [drsvc]
+    med = sorted(runs)[len(runs) // 2]
+    return {"name": name, "changed_bytes": changed, "drsvc_wire_bytes": wire or changed,
+            "drsvc_s": {"best": min(runs), "median": med, "runs": runs},
+            "rsync_s": {"best": rsync, "median": rsync, "runs": [rsync]} if rsync else None,
+            "floor_s": {"best": floor, "median": floor, "runs": [floor]} if floor else None,
+            "ratio": round(rsync / med, 2) if rsync else None,
+            "drsvc_phases": [{"freeze_s": freeze}], "drsvc_phases_median": {"freeze_s": freeze},
+            "peak_rss_bytes": {"sender": 1, "receiver": 1}}
+
+
+def verdicts(doc):
+    return {name: ok for name, _, ok in judge(doc)}
+
+
+def test_floor_goal_and_wire():
+    doc = {"cold": True, "cases": [case("1pct", 0.425, 2.0, floor=0.25, wire=int(1.05 * (10 << 20)))],
+           "peak_rss_bytes": {"sender": 149e6, "receiver": 20e6}}
+    v = verdicts(doc)
+    assert v["1pct cold: <= 1.5 x floor_s + 50 ms"] is True          # exactly on the line
+    assert v["1pct: wire <= 1.05 x changed"] is True
+    assert v["peak RSS < 150 MB (sender, receiver)"] is True
+    doc["cases"][0]["drsvc_s"]["median"] = 0.426
+    doc["peak_rss_bytes"]["sender"] = 151e6
+    v = verdicts(doc)
+    assert v["1pct cold: <= 1.5 x floor_s + 50 ms"] is False
+    assert v["peak RSS < 150 MB (sender, receiver)"] is False
+
+
+def test_ratio_speed_growth_thin_idle_freeze():
+    doc = {"cold": True, "cases": [
+        case("full", 2.5, 8.4, floor=0.6, changed=1 << 30),
+        case("10pct", [1.0, 1.1, 1.3], 8.0, floor=0.7),
+        case("thin", 0.51, 33.0, floor=0.1),
+        case("idle", 0.029, 0.3, freeze=0.101)]}
+    v = verdicts(doc)
+    assert v["full: >= 2 x rsync"] is True and v["full: >= 400 MB/s"] is True    # 429 MB/s
+    assert v["10pct: >= 6 x rsync"] is True and v["10pct: run 3 <= 1.2 x run 1"] is False
+    assert v["thin: <= 0.5 s"] is False
+    assert v["idle: <= 30 ms"] is True and v["idle: freeze <= 100 ms"] is False
+    assert "1pct warm: >= 12 x rsync" not in v                                   # not run: not judged
+    assert table(doc).count("\n") == 1 + len(doc["cases"])
+
+
+def test_warm_ratio():
+    v = verdicts({"cold": False, "cases": [case("1pct", 0.1, 1.19)]})
+    assert v["1pct warm: >= 12 x rsync"] is False
+    assert "1pct cold: <= 1.5 x floor_s + 50 ms" not in v
