@@ -33,6 +33,9 @@ from .ids import check_id
 
 
 # The keys each transport needs in its [peers.<name>] table (drsvc.replication.peers builds it).
+# operations that move data (the data queue); every other operation is control
+DATA_OPS = frozenset({"sync"})
+
 TRANSPORT_KEYS = {"ssh": ("host", "known_hosts", "key"), "local": ("pool",)}
 
 
@@ -66,8 +69,18 @@ class SiteConfig:
 
     @property
     def queue(self) -> str:
-        """This site's Celery queue: a site's workers serve only their own site."""
+        """This site's data queue (syncs): a site's workers serve only their own site."""
         return f"drsvc.{self.site}"
+
+    @property
+    def control_queue(self) -> str:
+        """This site's control queue (enable, disable, promote, demote, resync): served by a
+        worker of its own, so an operator's or a controller's call never waits behind syncs."""
+        return f"drsvc.{self.site}.control"
+
+    def queue_for(self, op: str) -> str:
+        """The queue a drsvc.<op> task goes to: syncs on the data queue, the rest on control."""
+        return self.queue if op in DATA_OPS else self.control_queue
 
     def peer(self, name: str = "") -> PeerConfig:
         if not name:

@@ -236,7 +236,7 @@ class Lab:
             s.config_path = Path(rec["config_path"]) if rec.get("config_path") else None
         return lab
 
-    def up(self, *names, components=("plugin", "worker", "scheduler", "metrics")) -> None:
+    def up(self, *names, components=("plugin", "worker", "control", "scheduler", "metrics")) -> None:
         for n in names or self.sites:
             self.sites[n].run.up(components)
 

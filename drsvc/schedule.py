@@ -1,6 +1,8 @@
 """Replication schedules: interval parsing and health against the interval (pure)."""
 from __future__ import annotations
 
+import hashlib
+import math
 import re
 from dataclasses import dataclass
 from datetime import datetime, time as dtime, UTC
@@ -44,6 +46,33 @@ def parse_start_time(text: str) -> float | None:
                                reason=f"{text!r} is neither ISO 8601 nor HH:MM[:SS]") from None
     today = datetime.now(UTC).date()
     return datetime.combine(today, t.replace(tzinfo=t.tzinfo or UTC)).timestamp()
+
+
+def phase(unit_id: str, interval: int, start_time: float | None = None) -> float:
+    """Where in each interval a unit's syncs fall, in seconds after the epoch's slot.
+
+    A schedulingStartTime sets it. Otherwise it comes from a hash of the unit id, so N
+    units with one interval spread evenly over it instead of firing at once, and every
+    scheduler (a new leader too) computes the same slots: no burst and no gap."""
+    if start_time is not None:
+        return start_time % interval
+    h = int.from_bytes(hashlib.sha256(unit_id.encode()).digest()[:8], "big")
+    return (h % (interval * 1000)) / 1000.0
+
+
+def slot_at_or_before(now: float, interval: int, ph: float) -> float:
+    """The latest slot (phase + k*interval) not after *now*: when a sync was due."""
+    return ph + math.floor((now - ph) / interval) * interval
+
+
+def catch_up(missed: list[tuple[str, float]], now: float) -> dict[str, float]:
+    """New run times for runs a scheduler missed (while no leader was up): replayed in the
+    order they were due and at the pace they were due, from *now*, so a takeover brings
+    neither a burst (every late unit at once) nor a gap (skipping them to their next slot)."""
+    if not missed:
+        return {}
+    first = min(due for _, due in missed)
+    return {job: now + (due - first) for job, due in sorted(missed, key=lambda m: (m[1], m[0]))}
 
 
 @dataclass(frozen=True)

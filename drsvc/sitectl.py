@@ -1,4 +1,4 @@
-"""Start, stop and inspect one site's processes: plugin, worker, scheduler.
+"""Start, stop and inspect one site's processes: plugin, workers (data, control), scheduler.
 
 `drsvc site up` uses this. Each process writes a log and a pid file under the
 site's run directory, so `down` and `status` work from another shell.
@@ -15,7 +15,7 @@ from pathlib import Path
 from . import runner
 from .config import SiteConfig, socket_path
 
-COMPONENTS = ("plugin", "worker", "scheduler", "metrics")
+COMPONENTS = ("plugin", "worker", "control", "scheduler", "metrics")
 
 
 def _argv(component: str, cfg: SiteConfig) -> list[str]:
@@ -25,6 +25,9 @@ def _argv(component: str, cfg: SiteConfig) -> list[str]:
     if component == "worker":
         return [py, "-c", "import sys; from workers.tasks import worker_main; sys.exit(worker_main())",
                 "--config", str(cfg.path), "--hostname", f"{cfg.site}@%h"]
+    if component == "control":          # the control queue's own worker: never behind syncs
+        return [py, "-c", "import sys; from workers.tasks import worker_main; sys.exit(worker_main())",
+                "--config", str(cfg.path), "--role", "control", "--hostname", f"{cfg.site}-control@%h"]
     if component == "scheduler":
         return [py, "-m", "workers.scheduler", "--config", str(cfg.path)]
     if component == "metrics":

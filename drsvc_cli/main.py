@@ -364,7 +364,7 @@ def cmd_flower(args, out: Output):
 def cmd_worker(args, out: Output):
     from workers.tasks import worker_main
     _config(args.config)
-    return worker_main(["--config", args.config])
+    return worker_main(["--config", args.config, "--role", args.role, "--concurrency", str(args.concurrency)])
 
 
 def cmd_scheduler(args, out: Output):
@@ -454,6 +454,10 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, parents=[common], help=f"run this site's {name}")
         if name == "metrics":
             p.add_argument("--address", default="127.0.0.1", help="listen address (0.0.0.0 in a pod)")
+        if name == "worker":
+            p.add_argument("--role", choices=("data", "control"), default="data",
+                           help="data: syncs (and control when idle); control: only the control queue")
+            p.add_argument("--concurrency", type=int, default=2)
         p.set_defaults(fn=fn)
     p = sub.add_parser("demo", parents=[common], help="the two-site DR demo on this host; `demo down` removes it")
     p.add_argument("--keep", action="store_true", help="leave the sites running afterwards")

@@ -1,4 +1,4 @@
-"""Dispatcher over Celery: queue an operation on the site's queue and wait, bounded."""
+"""Dispatcher over Celery: queue an operation on its queue (data or control) and wait, bounded."""
 from __future__ import annotations
 
 import uuid
@@ -22,7 +22,7 @@ class CeleryDispatcher:
     def submit(self, op: str, unit_id: str, kwargs: dict) -> str:
         task_id = str(uuid.uuid4())
         self.app.send_task(f"drsvc.{op}", args=[unit_id], kwargs=kwargs, task_id=task_id,
-                           queue=self.cfg.queue)
+                           queue=self.cfg.queue_for(op))
         return task_id
 
     def run(self, op: str, unit_id: str, kwargs: dict, *, wait: float) -> dict:
@@ -31,7 +31,7 @@ class CeleryDispatcher:
             held = inflight.claim(self.redis, self.cfg.site, unit_id, op, kwargs, task_id)
             if held["task_id"] == task_id:
                 self.app.send_task(f"drsvc.{op}", args=[unit_id], kwargs=kwargs, task_id=task_id,
-                                   queue=self.cfg.queue, kwargsrepr=None)
+                                   queue=self.cfg.queue_for(op), kwargsrepr=None)
             elif held["digest"] != inflight.digest(op, kwargs):
                 raise OperationInProgress(f"{held['op']} is in progress for {unit_id}; retry later")
             result = self.app.AsyncResult(held["task_id"])

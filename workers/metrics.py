@@ -37,6 +37,8 @@ class ReplicationCollector:
             ("epoch", "Fencing epoch of the unit at this site"),
             ("generation", "Replicated generation at this site"),
             ("consecutive_failures", "Sync failures since the last success"),
+            ("schedule_delay_seconds", "Primary: how late the last scheduled sync started after its slot "
+                                       "(scheduler drift plus queueing)"),
         )}
         role = GaugeMetricFamily(f"{PREFIX}_role", "1 for the role this site holds", labels=labels + ["role"])
         health = GaugeMetricFamily(f"{PREFIX}_health", "1 for the current health status",
@@ -59,6 +61,7 @@ class ReplicationCollector:
             g["epoch"].add_metric(lv, info.epoch)
             g["generation"].add_metric(lv, info.generation)
             g["consecutive_failures"].add_metric(lv, info.consecutive_failures)
+            g["schedule_delay_seconds"].add_metric(lv, info.schedule_delay)
             for r in ("primary", "secondary"):
                 role.add_metric(lv + [r], 1.0 if info.role == r else 0.0)
             for s in ("HEALTHY", "DEGRADED", "ERROR", "UNKNOWN"):

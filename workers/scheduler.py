@@ -25,6 +25,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from drsvc.config import SiteConfig, load
 from drsvc.replication import health
+from drsvc.schedule import catch_up, phase, slot_at_or_before
 from drsvc.replication.status import list_schedules
 
 from .tasks import sync_marker
@@ -39,8 +40,9 @@ def _app(config_path: str):
     return make_app(load(config_path))
 
 
-def enqueue_sync(config_path: str, unit_id: str, interval: int) -> None:
-    """The job body: queue one sync unless one is already queued or running."""
+def enqueue_sync(config_path: str, unit_id: str, interval: int, ph: float | None = None) -> None:
+    """The job body: queue one sync unless one is already queued or running. The task
+    carries the slot it was due at, so the worker can record the scheduling delay."""
     app = _app(config_path)
     cfg = app.drsvc_config
     r = redis.Redis.from_url(cfg.redis_url, socket_timeout=10)
@@ -49,7 +51,10 @@ def enqueue_sync(config_path: str, unit_id: str, interval: int) -> None:
     if not r.set(sync_marker(cfg.site, unit_id), "1", nx=True, ex=ttl):
         log.info("sync of %s still queued or running; not queueing another", unit_id)
         return
-    app.send_task("drsvc.sync", args=[unit_id], kwargs={"trigger": "schedule"}, queue=cfg.queue)
+    kwargs = {"trigger": "schedule"}
+    if ph is not None:
+        kwargs["scheduled_at"] = round(slot_at_or_before(time.time(), interval, ph), 3)
+    app.send_task("drsvc.sync", args=[unit_id], kwargs=kwargs, queue=cfg.queue_for("sync"))
     log.info("queued scheduled sync of %s", unit_id)
 
 
@@ -86,8 +91,22 @@ class SiteScheduler:
         self.sched = BackgroundScheduler(jobstores={"default": store}, timezone=UTC,
                                          job_defaults={"coalesce": True, "max_instances": 1,
                                                        "misfire_grace_time": 3600})
-        self.sched.start()
+        self.sched.start(paused=True)
+        self._catch_up()
+        self.sched.resume()
         log.info("scheduler %s is leader for site %s", self.identity, self.cfg.site)
+
+    def _catch_up(self) -> None:
+        """Runs missed while no scheduler led (a leader change, a restart) are replayed at
+        the pace they were due (drsvc.schedule.catch_up), not all at once."""
+        now = time.time()
+        missed = [(job.id, job.next_run_time.timestamp()) for job in self.sched.get_jobs()
+                  if job.next_run_time is not None and job.next_run_time.timestamp() < now]
+        for job_id, when in catch_up(missed, now).items():
+            self.sched.modify_job(job_id, next_run_time=datetime.fromtimestamp(when, UTC))
+        if missed:
+            log.info("taking over: %d missed run(s) replayed over %.1fs", len(missed),
+                     max(d for _, d in missed) - min(d for _, d in missed))
 
     def _resign(self) -> None:
         if self.sched is not None:
@@ -104,9 +123,12 @@ class SiteScheduler:
             job = self.sched.get_job(job_id)
             if job is not None and job.trigger.interval.total_seconds() == s.interval:
                 continue
-            start = datetime.fromtimestamp(s.start_time or time.time(), UTC)
+            # slots at a fixed phase per unit (drsvc.schedule.phase): units spread over the
+            # interval, and any leader computes the same slots
+            ph = phase(s.unit_id, s.interval, s.start_time)
+            start = datetime.fromtimestamp(ph, UTC)
             self.sched.add_job(enqueue_sync, IntervalTrigger(seconds=s.interval, start_date=start),
-                               id=job_id, args=[str(self.cfg.path), s.unit_id, s.interval],
+                               id=job_id, args=[str(self.cfg.path), s.unit_id, s.interval, ph],
                                replace_existing=True, name=f"sync {s.unit_id} every {s.interval}s")
             log.info("scheduled %s every %ss", s.unit_id, s.interval)
         self._publish_next_runs()

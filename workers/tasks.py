@@ -73,19 +73,26 @@ def register(app) -> None:
 
 
 def worker_main(argv=None) -> int:
-    """`drsvc worker --config site.toml`: a Celery worker on this site's queue."""
+    """`drsvc worker --config site.toml [--role data|control]`: a Celery worker of this site.
+
+    A data worker serves the data queue (syncs) and, when a process is free, the control
+    queue too, so a site with no control worker still answers. A control worker serves only
+    the control queue: enable, disable, promote, demote and resync never wait behind syncs."""
     import argparse
     from drsvc.config import load
     from .app import make_app
     ap = argparse.ArgumentParser(prog="drsvc worker")
     ap.add_argument("--config", default=os.environ.get("DRSVC_CONFIG"), required=not os.environ.get("DRSVC_CONFIG"))
+    ap.add_argument("--role", choices=("data", "control"), default="data")
     ap.add_argument("--concurrency", type=int, default=2)
     ap.add_argument("--loglevel", default="INFO")
     ap.add_argument("--hostname", default=None)
     args = ap.parse_args(argv)
     cfg = load(args.config)
     app = make_app(cfg)
-    wargs = ["worker", "-Q", cfg.queue, "-c", str(args.concurrency), "-l", args.loglevel, "-E",
-             "-n", args.hostname or f"{cfg.site}@%h", "--without-gossip", "--without-mingle"]
+    queues = cfg.control_queue if args.role == "control" else f"{cfg.queue},{cfg.control_queue}"
+    name = cfg.site if args.role == "data" else f"{cfg.site}-control"
+    wargs = ["worker", "-Q", queues, "-c", str(args.concurrency), "-l", args.loglevel, "-E",
+             "-n", args.hostname or f"{name}@%h", "--without-gossip", "--without-mingle"]
     app.worker_main(wargs)
     return 0

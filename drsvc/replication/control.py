@@ -36,6 +36,7 @@ class Control:
     syncs_total: int = 0
     failures_total: int = 0
     conflict: str = ""                   # split brain or fencing, named for the operator
+    last_sync_delay: float = 0.0         # a scheduled sync: its start minus the slot it was due at
 
     def to_doc(self) -> dict:
         return asdict(self)

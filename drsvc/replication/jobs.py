@@ -78,16 +78,17 @@ class ReplicationJobs:
                  kind, unit_id, peer, interval, task)
         return {"initial_sync_task": task}
 
-    def run_sync(self, unit_id: str, *, trigger: str = "schedule") -> dict:
+    def run_sync(self, unit_id: str, *, trigger: str = "schedule", scheduled_at: float | None = None) -> dict:
+        delay = max(0.0, time.time() - scheduled_at) if scheduled_at else None
         c = find_control(self.pool, unit_id)
         st = unit_state.find_state(self.pool, unit_id)
         if c is None or st is None:
             return {"skipped": "replication is not enabled"}
         if st.role != "primary":
             return {"skipped": f"{st.role} on this site"}
-        return self._sync(c, demote=False)
+        return self._sync(c, demote=False, delay=delay)
 
-    def _sync(self, c: Control, *, demote: bool) -> dict:
+    def _sync(self, c: Control, *, demote: bool, delay: float | None = None) -> dict:
         from .sender import sync_unit
         members = self._members(c)
         t0 = time.time()
@@ -117,11 +118,16 @@ class ReplicationJobs:
             ctl.last_sync_bytes, ctl.last_attempt = r["bytes_on_wire"], t0
             ctl.consecutive_failures, ctl.last_error, ctl.conflict = 0, "", ""
             ctl.syncs_total += 1
+            if delay is not None:
+                ctl.last_sync_delay = round(delay, 3)
         update_control(self.pool, c.unit_id, ok)
         log.info("synced %s: generation %s -> %s, %d bytes on the wire in %.3fs (%s)", c.unit_id,
                  r["base_generation"], r["target_generation"], r["bytes_on_wire"], r["duration_s"], r["mode"])
-        return {k: r[k] for k in ("base_generation", "target_generation", "bytes_on_wire", "bytes_changed",
-                                  "duration_s", "mode", "records", "resumed")}
+        out = {k: r[k] for k in ("base_generation", "target_generation", "bytes_on_wire", "bytes_changed",
+                                 "duration_s", "mode", "records", "resumed")}
+        if delay is not None:
+            out["scheduling_delay_s"] = round(delay, 3)
+        return out
 
     def _record_failure(self, unit_id: str, t0: float, message: str, *, conflict: str = "") -> None:
         def bad(ctl: Control):

@@ -42,6 +42,7 @@ class Info:
     missed_intervals: int
     consecutive_failures: int
     failures_total: int
+    schedule_delay: float = 0.0        # primary: the last scheduled sync's start minus its slot
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,8 @@ class ReplicationStatus:
                     peer=c.peer, interval=c.interval, last_sync_time=last[0],
                     last_sync_duration=last[1], last_sync_bytes=last[2],
                     status=status, status_message=message, lag_seconds=lag, missed_intervals=missed,
-                    consecutive_failures=c.consecutive_failures, failures_total=c.failures_total)
+                    consecutive_failures=c.consecutive_failures, failures_total=c.failures_total,
+                    schedule_delay=c.last_sync_delay if role == "primary" else 0.0)
 
     def units(self) -> list[str]:
         root = PoolLayout(self.pool).replication

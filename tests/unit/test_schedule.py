@@ -1,5 +1,8 @@
-from drsvc.schedule import assess, parse_interval
+from collections import Counter
+
 import pytest
+
+from drsvc.schedule import assess, catch_up, parse_interval, phase, slot_at_or_before
 from drsvc.errors import InvalidParameter
 
 
@@ -25,3 +28,26 @@ def test_health():
     # promoted again at 90 after a previous term that last synced at 20: pending, not behind
     h = assess(now=100, interval=10, enabled_at=90, last_success=20, consecutive_failures=0, last_error="")
     assert h.status == "UNKNOWN" and h.lag_seconds == 10
+
+
+def test_phases_spread_units_over_the_interval():
+    """Issue 13: N units with one interval are spread over it by a hash of the unit id
+    (not all fired at once), and every scheduler computes the same phase."""
+    interval = 60
+    phases = [phase(f"vol-{i:06d}", interval) for i in range(6000)]
+    assert all(0 <= p < interval for p in phases)
+    assert phases == [phase(f"vol-{i:06d}", interval) for i in range(6000)]     # deterministic
+    buckets = Counter(int(p // 6) for p in phases)            # ten 6-second buckets, 600 expected each
+    assert len(buckets) == 10 and min(buckets.values()) > 450 and max(buckets.values()) < 750, buckets
+    # a schedulingStartTime sets the phase
+    assert phase("vol-x", 60, start_time=1_000_000_017.5) == pytest.approx(1_000_000_017.5 % 60)
+
+
+def test_slot_and_catch_up():
+    assert slot_at_or_before(1000.0, 60, 7.0) == 967.0
+    assert slot_at_or_before(967.0, 60, 7.0) == 967.0
+    # runs missed while no leader was up: replayed in due order, at the pace they were due
+    new = catch_up([("c", 130.0), ("a", 100.0), ("b", 112.5)], now=200.0)
+    assert list(new) == ["a", "b", "c"]
+    assert new == {"a": 200.0, "b": 212.5, "c": 230.0}
+    assert catch_up([], now=1.0) == {}

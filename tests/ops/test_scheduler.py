@@ -1,0 +1,112 @@
+"""The scheduler at scale (issue 13): units spread over their interval, and a leader change
+brings neither a burst nor a gap.
+
+Real parts: a redis-server of its own, the real APScheduler with its SQLite job store in
+the pool, the real leader lease, and Celery's Redis transport carrying the queued syncs
+(no worker consumes them, so the test reads when each arrived from the queue itself).
+"""
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+
+import pytest
+import redis
+
+from drsvc import runner
+from drsvc.config import load
+from drsvc.lab import free_port, wait_port
+from drsvc.replication import health
+from drsvc.replication import state as unit_state
+from drsvc.replication.control import Control, save_control
+from drsvc.schedule import phase
+from workers.scheduler import SiteScheduler
+
+INTERVAL = 30
+UNITS = [f"vol-{i:024x}" for i in range(1, 61)]
+
+
+@pytest.fixture
+def site(tmp_path):
+    port = free_port()
+    proc = runner.spawn(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                         "--appendonly", "no", "--dir", str(tmp_path)])
+    try:
+        wait_port(port)
+        pool = tmp_path / "pool"
+        pool.mkdir()
+        for u in UNITS:           # units enabled here as primary, as EnableVolumeReplication leaves them
+            unit_state.ensure_unit(pool, u, [u], kind="volume", role="primary", peer="b")
+            save_control(pool, Control(unit_id=u, kind="volume", members=[u], peer="b", interval=INTERVAL,
+                                       enabled_at=time.time()))
+        cfg_path = tmp_path / "site.toml"
+        cfg_path.write_text(f'site = "t"\npool = "{pool}"\nredis_url = "redis://127.0.0.1:{port}/0"\n')
+        yield load(cfg_path), redis.Redis(port=port)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _run(cfg):
+    s = SiteScheduler(cfg, reconcile_every=0.5)
+    t = threading.Thread(target=s.run, daemon=True)
+    t.start()
+    return s, t
+
+
+def _queued(r, queue) -> list[dict]:
+    """The drsvc.sync tasks waiting on *queue*, oldest first (kombu's Redis list, LPUSHed)."""
+    out = []
+    for raw in reversed(r.lrange(queue, 0, -1)):
+        msg = json.loads(raw)
+        args, kwargs, _ = json.loads(base64.b64decode(msg["body"]))
+        out.append({"unit": args[0], **kwargs})
+    return out
+
+
+def test_units_spread_and_takeover_replays_missed_runs_at_pace(site):
+    cfg, r = site
+    s1, t1 = _run(cfg)
+    try:
+        deadline = time.monotonic() + 30
+        while len((health._read_json(health.next_runs_path(cfg.pool)) or {}).get("next", {})) < len(UNITS):
+            assert time.monotonic() < deadline, "the leader never published its next runs"
+            time.sleep(0.2)
+        runs = health._read_json(health.next_runs_path(cfg.pool))["next"]
+        # each unit fires at its own phase of the interval: no two-second window holds more than a few
+        for u in UNITS:
+            assert (runs[u] - phase(u, INTERVAL)) % INTERVAL == pytest.approx(0, abs=1e-3)
+        offsets = sorted(runs[u] % INTERVAL for u in UNITS)
+        busiest = max(sum(1 for o in offsets if a <= o < a + 2) for a in offsets)
+        assert busiest <= 12, offsets          # all at once would be 60; uniform is 4
+    finally:
+        s1.stop.set()
+        t1.join(10)
+    # the leader is gone for a while: the runs due meanwhile are missed
+    r.delete(cfg.queue)
+    gone = time.time()
+    time.sleep(6)
+    due = [u for u in UNITS if gone <= runs[u] < time.time()]
+    assert len(due) >= 3, "the gap missed too few runs to tell a burst from a replay"
+    s2, t2 = _run(cfg)
+    try:
+        took_over = time.monotonic()
+        while not r.exists(f"drsvc:{cfg.site}:scheduler-leader") and time.monotonic() - took_over < 10:
+            time.sleep(0.05)
+        time.sleep(1.0)
+        early = {m["unit"] for m in _queued(r, cfg.queue)}
+        # a burst would queue every missed run at once; a replay queues them as they were due
+        assert len(early & set(due)) < len(due), (len(early & set(due)), len(due))
+        time.sleep(8)
+        queued = _queued(r, cfg.queue)
+        late = {m["unit"] for m in queued}
+        assert set(due) <= late, "a missed run was dropped (a gap)"
+        for m in queued:                # each task carries the slot it was due at
+            assert m["trigger"] == "schedule"
+            assert (m["scheduled_at"] - phase(m["unit"], INTERVAL)) % INTERVAL == pytest.approx(0, abs=1e-2) \
+                or (m["scheduled_at"] - phase(m["unit"], INTERVAL)) % INTERVAL == pytest.approx(INTERVAL, abs=1e-2)
+    finally:
+        s2.stop.set()
+        t2.join(10)
