@@ -18,6 +18,8 @@ Example::
     known_hosts = "/etc/drsvc/peers/b.known_hosts"       # pinned host key
     key = "/etc/drsvc/keys/to-b"                         # dedicated private key
     # transport = "ssh"                                  # default; "local": pool = "/path" on this host
+    # max_syncs = 1                                      # syncs to this peer at once (default: with
+    #                                                    # several peers, all but one worker process)
 """
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ class PeerConfig:
     key: Path | None = None
     transport: str = "ssh"
     pool: Path | None = None      # transport "local": the peer's pool on this host
+    max_syncs: int = 0            # syncs to this peer at once, site-wide (0: the default rule)
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,17 @@ class SiteConfig:
         except KeyError:
             raise PeerNotFound(site=self.site, name=name) from None
 
+    def peer_sync_slots(self, peer: str, concurrency: int) -> int:
+        """How many syncs to *peer* may run at once on this site (0: no cap).
+
+        A peer's `max_syncs` sets it. Otherwise, with several peers, one peer may hold all
+        but one of a worker's processes, so a slow peer never blocks syncs to the others;
+        with one peer there is nothing to protect and no cap."""
+        p = self.peers.get(peer)
+        if p is not None and p.max_syncs:
+            return p.max_syncs
+        return max(1, concurrency - 1) if len(self.peers) > 1 else 0
+
     def check_secrets(self, secrets: dict) -> None:
         """When a secrets file is configured, RPCs must carry secrets['token'] matching it."""
         if self.secrets_file is None:
@@ -129,7 +143,8 @@ def _peer(name: str, p: dict, where: str, rel) -> PeerConfig:
     def path(key: str) -> Path | None:
         return rel(p[key]) if p.get(key) else None
     return PeerConfig(name=name, host=p.get("host", ""), port=int(p.get("port", 22)), user=p.get("user", "root"),
-                      known_hosts=path("known_hosts"), key=path("key"), transport=transport, pool=path("pool"))
+                      known_hosts=path("known_hosts"), key=path("key"), transport=transport, pool=path("pool"),
+                      max_syncs=int(p.get("max_syncs", 0)))
 
 
 def parse(doc: dict, path: Path | None = None) -> SiteConfig:

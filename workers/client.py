@@ -19,10 +19,14 @@ class CeleryDispatcher:
         self.cfg = app.drsvc_config
         self.redis = redis.Redis.from_url(self.cfg.redis_url, socket_timeout=10)
 
+    def queue(self, op: str) -> str:
+        """The queue *op* goes to: control operations never wait behind syncs."""
+        return self.cfg.queue_for(op)
+
     def submit(self, op: str, unit_id: str, kwargs: dict) -> str:
         task_id = str(uuid.uuid4())
         self.app.send_task(f"drsvc.{op}", args=[unit_id], kwargs=kwargs, task_id=task_id,
-                           queue=self.cfg.queue_for(op))
+                           queue=self.queue(op))
         return task_id
 
     def run(self, op: str, unit_id: str, kwargs: dict, *, wait: float) -> dict:
@@ -31,7 +35,7 @@ class CeleryDispatcher:
             held = inflight.claim(self.redis, self.cfg.site, unit_id, op, kwargs, task_id)
             if held["task_id"] == task_id:
                 self.app.send_task(f"drsvc.{op}", args=[unit_id], kwargs=kwargs, task_id=task_id,
-                                   queue=self.cfg.queue_for(op), kwargsrepr=None)
+                                   queue=self.queue(op), kwargsrepr=None)
             elif held["digest"] != inflight.digest(op, kwargs):
                 raise OperationInProgress(f"{held['op']} is in progress for {unit_id}; retry later")
             result = self.app.AsyncResult(held["task_id"])

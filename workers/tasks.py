@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 
 import redis
+from celery.exceptions import Ignore
 
 from drsvc.dispatch import error_to_dict
 from drsvc.errors import DrsvcError, Unavailable
 
-from . import inflight
+from . import inflight, slots
 
 log = logging.getLogger(__name__)
 OPS = ("enable", "disable", "promote", "demote", "resync", "sync")
@@ -38,15 +40,36 @@ def sync_marker(site: str, unit_id: str) -> str:
 def register(app) -> None:
     cfg = app.drsvc_config
 
+    def _take_slot(r, peer: str, holder: str) -> bool:
+        cap = cfg.peer_sync_slots(peer, app.conf.worker_concurrency or 2)
+        try:
+            return slots.acquire(r, cfg.site, peer, holder, cap=cap, ttl=cfg.visibility_timeout)
+        except redis.RedisError as e:      # the sync needs no Redis: run it uncapped
+            log.warning("peer sync slots unavailable (%s): running uncapped", type(e).__name__)
+            return True
+
     def make(op: str):
         @app.task(name=f"drsvc.{op}", bind=True, acks_late=True, max_retries=8)
         def task(self, unit_id: str, **kwargs):
             jobs = jobs_for(app)
             r = jobs.dispatcher.redis         # one client per worker process
             retrying = False
+            slot = None
             try:
+                if op == "sync" and (peer := jobs.peer_of(unit_id)):
+                    if not _take_slot(r, peer, self.request.id):
+                        # every slot of this peer is busy (a slow peer): leave the process to
+                        # other peers' syncs and come back; same task id, so a caller waiting
+                        # on it still gets the result
+                        retrying = True
+                        self.apply_async(args=[unit_id], kwargs=kwargs, task_id=self.request.id,
+                                         countdown=1.0 + random.random(), queue=cfg.queue_for(op))
+                        raise Ignore()
+                    slot = peer
                 out = getattr(jobs, f"run_{op}")(unit_id, **kwargs)
                 return {"ok": True, **(out or {})}
+            except Ignore:
+                raise
             except Unavailable as e:
                 # transient (peer or Redis down): scheduled syncs retry with backoff
                 if op == "sync" and self.request.retries < self.max_retries:
@@ -59,6 +82,11 @@ def register(app) -> None:
                 log.exception("drsvc.%s %s failed", op, unit_id)
                 return {"ok": False, "error": "InternalError", "message": f"{type(e).__name__}: {e}"}
             finally:
+                if slot is not None:
+                    try:
+                        slots.release(r, cfg.site, slot, self.request.id)
+                    except redis.RedisError as e:
+                        log.warning("could not release the %s sync slot (it lapses): %s", slot, e)
                 if not retrying:
                     try:
                         inflight.release(r, cfg.site, unit_id, self.request.id)
@@ -90,6 +118,7 @@ def worker_main(argv=None) -> int:
     args = ap.parse_args(argv)
     cfg = load(args.config)
     app = make_app(cfg)
+    app.conf.worker_concurrency = args.concurrency     # the per-peer sync slots follow it
     queues = cfg.control_queue if args.role == "control" else f"{cfg.queue},{cfg.control_queue}"
     name = cfg.site if args.role == "data" else f"{cfg.site}-control"
     wargs = ["worker", "-Q", queues, "-c", str(args.concurrency), "-l", args.loglevel, "-E",

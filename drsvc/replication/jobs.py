@@ -60,6 +60,11 @@ class ReplicationJobs:
         return {"site": self.cfg.site, "interval": c.interval, "start_time": c.start_time,
                 "bandwidth_limit": c.bandwidth_limit, "kind": c.kind, "volumes": vols, "group": group}
 
+    def peer_of(self, unit_id: str) -> str:
+        """The peer this site replicates *unit_id* to ("" when not enabled here)."""
+        c = find_control(self.pool, unit_id)
+        return c.peer if c is not None else ""
+
     # -- jobs ------------------------------------------------------------------------------
     def run_enable(self, unit_id: str, *, kind: str, members: list, peer: str, interval: int,
                    start_time: float | None = None, bandwidth_limit: int = 0) -> dict:
