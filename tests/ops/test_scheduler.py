@@ -31,8 +31,9 @@ UNITS = [f"vol-{i:024x}" for i in range(1, 61)]
 @pytest.fixture
 def site(tmp_path):
     port = free_port()
-    proc = runner.spawn(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                         "--appendonly", "no", "--dir", str(tmp_path)])
+    with open(tmp_path / "redis.log", "wb") as log:
+        proc = runner.spawn(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(tmp_path)], stdout=log, stderr=log)
     try:
         wait_port(port)
         pool = tmp_path / "pool"
@@ -110,3 +111,49 @@ def test_units_spread_and_takeover_replays_missed_runs_at_pace(site):
     finally:
         s2.stop.set()
         t2.join(10)
+
+
+def test_standby_takes_over_within_a_lease_after_kill_9(site, tmp_path):
+    """Two schedulers of one site (real processes, `python -m workers.scheduler`): the
+    leader is killed with SIGKILL, so its lease is not given back; the standby holds it
+    within one lease period (plus one reconcile tick) and goes on queueing syncs."""
+    import os
+    import signal
+    import sys
+
+    from workers.scheduler import LEASE_S
+    cfg, r = site
+    key = f"drsvc:{cfg.site}:scheduler-leader"
+    procs = []
+    try:
+        for i in range(2):
+            log = open(tmp_path / f"sched{i}.log", "wb")  # noqa: SIM115 - the child keeps it
+            procs.append(runner.spawn([sys.executable, "-m", "workers.scheduler", "--config", str(cfg.path)],
+                                      stdout=log, stderr=log))
+        deadline = time.monotonic() + 30
+        while not r.get(key):
+            assert time.monotonic() < deadline, "no scheduler took the lease"
+            time.sleep(0.1)
+        leader_pid = int(r.get(key).decode().split(":")[1])
+        assert leader_pid in {p.pid for p in procs}
+        os.kill(leader_pid, signal.SIGKILL)
+        killed = time.monotonic()
+        while True:
+            holder = r.get(key)
+            if holder and int(holder.decode().split(":")[1]) != leader_pid:
+                break
+            assert time.monotonic() - killed < LEASE_S + 10, "the standby never took over"
+            time.sleep(0.1)
+        took = time.monotonic() - killed
+        print(f"standby took over {took:.1f}s after the leader's SIGKILL (lease {LEASE_S}s)")
+        r.delete(cfg.queue)
+        r.delete(*r.keys(f"drsvc:{cfg.site}:sync-queued:*") or ["none"])
+        deadline = time.monotonic() + INTERVAL + 10
+        while not r.llen(cfg.queue):
+            assert time.monotonic() < deadline, "the new leader queued no sync"
+            time.sleep(0.2)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
