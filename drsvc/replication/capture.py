@@ -12,10 +12,20 @@ Two ways, chosen per member:
   that became holes) say how to roll the base forward once the peer commits
   (``roll_forward``). Its cost is one FIEMAP of the live image plus the change.
 
+An overlay capture runs in two passes, so the frozen window follows the writes
+made during the capture, not the whole change. The **pre-copy**, before the
+freeze, maps the live image and clones every range that differs from the base.
+Those ranges then share their blocks with the delta file, so a later write to
+any of them moves its mapping (copy on write), as a write to a block still shared
+with the base does. Inside the freeze, a second FIEMAP, diffed against the
+pre-copy's, names exactly the ranges written since: only they are cloned again.
+The generation's ranges and holes are planned from the second map against the
+base, as a single pass would.
+
 All members are captured inside one freeze of every mountpoint (freeze all,
 capture all, thaw all). Without a mountpoint to freeze, an overlay capture is
-only kept when the image's mtime shows no write landed between its FIEMAP and
-its last clone; otherwise that member is captured full (one atomic FICLONE).
+only kept when the image's mtime shows no write landed between its second FIEMAP
+and its last clone; otherwise that member is captured full (one atomic FICLONE).
 """
 from __future__ import annotations
 
@@ -148,13 +158,24 @@ def capture(layout, members, dest: Path, mountpoints=(), bases: dict | None = No
     out: dict[str, Captured] = {}
     checks = {}
     t0 = time.monotonic()
+    pre = {}
+    for vol in base_ext:             # pre-copy: the bulk of the clones, before the freeze
+        try:
+            pre[vol] = _precopy(layout.image(vol), dest, vol, base_ext[vol], block_size)
+        except FileNotFoundError:
+            raise VolumeNotFound(volume_id=vol) from None
+        except OSError as e:
+            if e.errno not in _NO_FIEMAP:
+                raise
+    t_pre = time.monotonic()
     with frozen(mountpoints):
-        t_frozen = time.monotonic()
+        t_frozen, frozen_at = time.monotonic(), time.time()
         for vol in members:
             src = layout.image(vol)
             if vol in base_ext:
                 try:
-                    out[vol], checks[vol] = _overlay(src, dest, vol, base_ext[vol], block_size)
+                    out[vol], checks[vol] = _overlay(src, dest, vol, base_ext[vol], block_size,
+                                                     pre=pre.get(vol))
                     continue
                 except FileNotFoundError:
                     raise VolumeNotFound(volume_id=vol) from None
@@ -164,6 +185,8 @@ def capture(layout, members, dest: Path, mountpoints=(), bases: dict | None = No
             out[vol] = _full(src, dest, vol)
         t_thaw = time.monotonic()
     if timings is not None:
+        timings["precopy_s"] = round(t_pre - t0, 4)
+        timings["frozen_at"] = frozen_at            # the instant the generation holds
         timings["freeze_s"] = round(t_thaw - t_frozen, 4)
         timings["capture_s"] = round(time.monotonic() - t0, 4)
     if not mountpoints:
@@ -191,7 +214,36 @@ def _full(src: Path, dest: Path, vol: str) -> Captured:
     return Captured(vol, dest / f"{vol}.img", reflinked)
 
 
-def _overlay(src: Path, dest: Path, vol: str, base, bs: int):
+@dataclass
+class Precopy:
+    extents: object      # the live image's FIEMAP when the pre-copy cloned from it
+    size: int
+    cloned: int
+
+
+def _precopy(src: Path, dest: Path, vol: str, base, bs: int) -> Precopy:
+    """Clone every range that differs from the base into ``<vol>.delta``, unfrozen."""
+    base_extents, base_size = base
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        st = os.fstat(fd)
+        size = st.st_size
+        extents = fiemap_array(fd, size)
+        ms = planner.plan_from_extent_arrays(extents, base_extents, size, base_size, bs)
+        clone = _round_out(ms.scan, max(st.st_blksize, 4096), size)
+        dfd = os.open(dest / f"{vol}.delta", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(dfd, size)
+            for s, e in clone:
+                clone_range(fd, dfd, s, e - s)
+        finally:
+            os.close(dfd)
+    finally:
+        os.close(fd)
+    return Precopy(extents, size, len(clone))
+
+
+def _overlay(src: Path, dest: Path, vol: str, base, bs: int, pre: Precopy | None = None):
     base_extents, base_size = base
     fd = os.open(src, os.O_RDONLY)
     try:
@@ -207,9 +259,16 @@ def _overlay(src: Path, dest: Path, vol: str, base, bs: int):
         new_extents = fiemap_array(fd, size)
         ms = planner.plan_from_extent_arrays(new_extents, base_extents, size, base_size, bs)
         fs_block = max(st.st_blksize, 4096)
-        clone = _round_out(ms.scan, fs_block, size)
         path = dest / f"{vol}.delta"
-        dfd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        if pre is not None and pre.size == size:
+            # only what was written since the pre-copy: its mapping moved
+            since = planner.plan_from_extent_arrays(new_extents, pre.extents, size, size, bs)
+            clone, cloned_before = _round_out(since.scan, fs_block, size), pre.cloned
+            dfd = os.open(path, os.O_RDWR)
+        else:
+            path.unlink(missing_ok=True)        # resized since the pre-copy: one pass, frozen
+            clone, cloned_before = _round_out(ms.scan, fs_block, size), 0
+            dfd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(dfd, size)
             for s, e in clone:
@@ -218,10 +277,12 @@ def _overlay(src: Path, dest: Path, vol: str, base, bs: int):
             os.close(dfd)
     finally:
         os.close(fd)
-    _ranges_file(dest / f"{vol}.ranges", clone)
+    ranges = _round_out(ms.scan, fs_block, size)
+    _ranges_file(dest / f"{vol}.ranges", ranges)
     _ranges_file(dest / f"{vol}.clear", ms.clear)
     save_extents(dest / f"{vol}.extents", new_extents, size)
-    return Captured(vol, path, True, overlay=True, scan=ms, cloned=len(clone)), (st.st_mtime_ns, size)
+    return (Captured(vol, path, True, overlay=True, scan=ms, cloned=cloned_before + len(clone)),
+            (st.st_mtime_ns, size))
 
 
 def roll_forward(base_img: Path, overlay_dir: Path, vol: str, size: int) -> None:

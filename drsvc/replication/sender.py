@@ -176,6 +176,7 @@ def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int,
     captured = capture(layout, members, tmp, mountpoints,
                        _overlay_bases(layout, st, members, mode, base_meta), block_size=bs, timings=timings)
     t_capture = time.monotonic() - t0
+    captured_at = timings.get("frozen_at", captured_at)
     stats = ScanStats()
     pw = PlanWriter(tmp / "plan.bin")
     out_members = []
@@ -231,6 +232,7 @@ def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int,
             "members": out_members, "records": pw.count, "block_size": bs, "fiemap": used_fiemap,
             "scanned": stats.scanned, "changed": stats.changed, "zeroed": stats.zeroed,
             "capture_s": t_capture, "freeze_s": timings.get("freeze_s", 0.0),
+            "precopy_s": timings.get("precopy_s", 0.0),
             "ranges_cloned": sum(c.cloned for c in captured.values()),
             "plan_s": time.monotonic() - t0 - t_capture,
             "created_at": time.time(), "captured_at": captured_at, "complete": True}
@@ -364,6 +366,7 @@ def stream(session: ApplySession, prepared: Prepared, report: SyncReport, *, uni
     report.phases["capture_s"] = round(meta.get("capture_s", 0), 4)
     report.phases["plan_s"] = round(meta.get("plan_s", 0), 4)
     report.phases["freeze_s"] = round(meta.get("freeze_s", 0), 4)
+    report.phases["precopy_s"] = round(meta.get("precopy_s", 0), 4)
     report.bytes_on_wire = session.bytes_sent   # the whole conversation, control included
 
 
