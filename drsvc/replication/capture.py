@@ -231,16 +231,22 @@ def _precopy(src: Path, dest: Path, vol: str, base, bs: int) -> Precopy:
         extents = fiemap_array(fd, size)
         ms = planner.plan_from_extent_arrays(extents, base_extents, size, base_size, bs)
         clone = _round_out(ms.scan, max(st.st_blksize, 4096), size)
-        dfd = os.open(dest / f"{vol}.delta", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.ftruncate(dfd, size)
-            for s, e in clone:
-                clone_range(fd, dfd, s, e - s)
-        finally:
-            os.close(dfd)
+        _clone_ranges(fd, dest / f"{vol}.delta", size, clone, create=True)
     finally:
         os.close(fd)
     return Precopy(extents, size, len(clone))
+
+
+def _clone_ranges(fd: int, path: Path, size: int, ranges, *, create: bool) -> None:
+    """FICLONERANGE *ranges* of the image open as *fd* into the sparse file *path*."""
+    flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+    dfd = os.open(path, flags, 0o600)
+    try:
+        os.ftruncate(dfd, size)
+        for s, e in ranges:
+            clone_range(fd, dfd, s, e - s)
+    finally:
+        os.close(dfd)
 
 
 def _overlay(src: Path, dest: Path, vol: str, base, bs: int, pre: Precopy | None = None):
@@ -264,17 +270,10 @@ def _overlay(src: Path, dest: Path, vol: str, base, bs: int, pre: Precopy | None
             # only what was written since the pre-copy: its mapping moved
             since = planner.plan_from_extent_arrays(new_extents, pre.extents, size, size, bs)
             clone, cloned_before = _round_out(since.scan, fs_block, size), pre.cloned
-            dfd = os.open(path, os.O_RDWR)
         else:
             path.unlink(missing_ok=True)        # resized since the pre-copy: one pass, frozen
             clone, cloned_before = _round_out(ms.scan, fs_block, size), 0
-            dfd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.ftruncate(dfd, size)
-            for s, e in clone:
-                clone_range(fd, dfd, s, e - s)
-        finally:
-            os.close(dfd)
+        _clone_ranges(fd, path, size, clone, create=not path.exists())
     finally:
         os.close(fd)
     ranges = _round_out(ms.scan, fs_block, size)
