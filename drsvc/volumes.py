@@ -284,15 +284,23 @@ class VolumeService:
                 raise VolumeInUse(volume_id=volume_id, reason=reason)
             if vol.group_id:
                 raise VolumeInUse(volume_id=volume_id, reason=f"it is a member of volume group {vol.group_id}")
+            # intent (the record says deleting) -> act (image and name go) -> record (the record goes).
+            # The directory fsyncs come together after the unlinks: the first commits the journal
+            # (the deleting record's rename and the unlinks), the others find nothing left to do.
+            # A crash before the answer leaves the record, deleting or not, which a retry finishes.
+            meta, image = self.pool.volume_meta(volume_id), self.pool.image(volume_id)
             vol.state = "deleting"
-            store.write_doc(self.pool.volume_meta(volume_id), vol.to_doc())
-            for p in (self.pool.image(volume_id), self.pool.staging_image(self.pool.image(volume_id))):
-                store.remove(p)
-            key = name_key("volume", vol.name)
-            idx = store.read_doc(self.pool.name_index(key))
+            with store.StagedDoc(meta, vol.to_doc()) as record:
+                record.commit(sync_dir=False)
+            for p in (image, self.pool.staging_image(image)):
+                p.unlink(missing_ok=True)
+            index = self.pool.name_index(name_key("volume", vol.name))
+            idx = store.read_doc(index)
             if idx and idx.get("volume_id") == volume_id:
-                store.remove(self.pool.name_index(key))
-            store.remove(self.pool.volume_meta(volume_id))
+                index.unlink(missing_ok=True)
+            store.fsync_dirs(meta.parent, image.parent, index.parent)
+            failpoint("volume.before_delete_record")
+            store.remove(meta)
             log.info("volume %s deleted", volume_id)
 
     # -- replicas (called by the replication engine at the secondary) ---------

@@ -1,4 +1,4 @@
-"""CreateVolume killed at each step of its order (name record = intent, image, volume record),
+"""CreateVolume (and DeleteVolume) killed at each step of its order (name record = intent, image, volume record),
 then retried after a restart: the name record and the volume record agree on one id, there is
 one image of the asked size, and nothing the killed attempt half-wrote is left behind.
 
@@ -80,3 +80,26 @@ def test_retry_after_kill_with_other_size_gets_what_it_asks(make_plugin, monkeyp
     names, volumes, _, temps = pool_state(plugin.pool)
     assert [n["volume_id"] for n in names] == [vol.volume_id] and list(volumes) == [vol.volume_id]
     assert temps == []
+
+
+def test_delete_killed_before_its_record_goes_converges_on_retry(make_plugin, monkeypatch):
+    """Killed after the image and the name went but before the volume record did: the volume
+    is no longer listed (its record says deleting), a retried delete finishes, and the name is free."""
+    monkeypatch.setenv("DRSVC_FAILPOINTS", "volume.before_delete_record")
+    plugin = make_plugin()
+    vol = plugin.create("doomed", 64 * MiB)
+    with pytest.raises(grpc.RpcError):
+        plugin.delete(vol.volume_id)
+    plugin.proc.wait(timeout=20)
+    assert plugin.proc.returncode == -9, plugin.log_tail()
+    names, volumes, images, _ = pool_state(plugin.pool)
+    assert names == [] and images == [] and volumes[vol.volume_id]["state"] == "deleting"
+
+    monkeypatch.delenv("DRSVC_FAILPOINTS")
+    plugin.restart()
+    assert plugin.controller.ListVolumes(csi_pb2.ListVolumesRequest(), timeout=30).entries == []
+    plugin.delete(vol.volume_id)
+    plugin.delete(vol.volume_id)
+    assert pool_state(plugin.pool) == ([], {}, [], [])
+    again = plugin.create("doomed", 64 * MiB)
+    assert again.volume_id != vol.volume_id
