@@ -7,7 +7,8 @@ name, so no path escapes the pool::
     images/<volume_id>.img                      volume images (replicas keep the same id)
     volumes/<volume_id>.json                    volume metadata
     snapshots/<snapshot_id>.img|.json           snapshot images (reflink copies) and metadata
-    names/<kind>-<sha256>.json                  client name -> id index
+    names/<kind>-<sha256>.json                  client name -> id index (a volume's: a pointer, i.e. a
+                                                symlink whose target is the id; others: JSON documents)
     node/<volume_id>.json                       node stage/publish state
     groups/<group_id>.json                      volume groups
     group_snapshots/<id>.json                   volume group snapshots (members live in snapshots/)

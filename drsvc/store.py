@@ -114,6 +114,50 @@ class StagedDoc:
         self.close()
 
 
+def write_pointer(path: Path, target: str, *, sync_dir: bool = True) -> None:
+    """Make *path* a record holding only *target* (an id), atomically: a symlink to *target*
+    made under a temp name and renamed over *path*.
+
+    A symlink is created with its target in one step and carries it in its inode:
+    there is no data block to write or fsync, only the directory (with ``sync_dir``
+    or the caller's own fsync_dirs). The target is never followed as a path: read
+    it with :func:`read_pointer`. Only for validated ids (no '/')."""
+    path = Path(path)
+    if "/" in target or not target:
+        raise ValueError(f"a pointer holds an id, not {target!r}")
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    os.symlink(target, tmp)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    if sync_dir:
+        fsync_dir(path.parent)
+
+
+def read_pointer(path: Path, field: str) -> str | None:
+    """The id a record at *path* holds: a pointer's target (write_pointer), or the *field*
+    of a JSON document there (records written before pointers); None when there is none."""
+    try:
+        return os.readlink(path)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno != errno.EINVAL:          # EINVAL: not a symlink, a document
+            raise
+    doc = read_doc(path)
+    if doc is None:
+        return None
+    value = doc.get(field)
+    if not isinstance(value, str):
+        raise CorruptMetadata(path=str(path), reason=f"no {field}")
+    return value
+
+
 def remove_temps(path: Path) -> None:
     """Remove temp files that writers of *path* killed mid-write left beside it (any pid)."""
     path = Path(path)

@@ -146,10 +146,9 @@ class VolumeService:
         key = name_key("volume", name)
         index = self.pool.name_index(key)
         with self.pool.lock(key):
-            existing = store.read_doc(index)
-            volume_id = ""
-            if existing:
-                vol = self.find_volume(existing["volume_id"])
+            volume_id = self._named(index)
+            if volume_id:
+                vol = self.find_volume(volume_id)
                 if vol is not None:
                     self._check_compatible(vol, required_bytes, limit_bytes, fs_type, kept, src_doc)
                     if vol.state == "ready":
@@ -160,8 +159,6 @@ class VolumeService:
                     return self._materialise(vol, index)        # a "creating" record (older releases)
                 # the name's intent is recorded but its volume never was: an attempt died before
                 # answering, so nothing was handed out under this id; start it again afresh
-                volume_id = existing["volume_id"]
-                check_id(volume_id)
                 for stale in (self.pool.image(volume_id), self.pool.staging_image(self.pool.image(volume_id))):
                     stale.unlink(missing_ok=True)
                 store.remove_temps(self.pool.volume_meta(volume_id))
@@ -170,8 +167,7 @@ class VolumeService:
             vol = Volume(volume_id=volume_id or new_id("vol"), name=name, capacity_bytes=size, state="creating",
                          fs_type=fs_type, parameters=kept, source=src_doc, topology=self.topology,
                          created_at=time.time())
-            name_doc = None if volume_id else {"name": name, "volume_id": vol.volume_id}
-            return self._materialise(vol, index, name_doc)
+            return self._materialise(vol, index, record_name=not volume_id)
 
     def _check_compatible(self, vol: Volume, required: int, limit: int, fs_type: str,
                           params: dict, src: dict | None) -> None:
@@ -200,27 +196,32 @@ class VolumeService:
         self.get_volume(src["source_id"])
         return self.pool.image(src["source_id"])
 
-    def _materialise(self, vol: Volume, index, name_doc: dict | None = None) -> Volume:
-        """Record the name (*name_doc*, the intent), make the image (act), record the volume ready.
+    def _named(self, index) -> str:
+        """The volume id the name record at *index* holds ('' when none)."""
+        volume_id = store.read_pointer(index, "volume_id")
+        return check_id(volume_id) if volume_id else ""
 
-        Ordered so that few journal commits make it all durable: both documents are
-        written under temp names first; the name's is fsynced and renamed in (the
-        intent, durable before the image is made); the image is created (or cloned);
-        the volume record's temp file is fsynced, which on a journaling filesystem
-        also commits the name's rename and the image; then the image, its directory
-        and the name's directory are fsynced (no journal work left for them) and only
-        then is the volume record renamed in and its directory fsynced. A durable
-        volume record therefore implies a durable name and image; a crash before it
-        leaves a name without a volume record, which a retry of the same name resumes
-        under the same id (create_volume). Three journal commits for an empty volume
-        where writing each document in turn took eight."""
+    def _materialise(self, vol: Volume, index, *, record_name: bool = False) -> Volume:
+        """Record the name (the intent), make the image (act), record the volume ready.
+
+        Ordered so that few journal commits make it all durable. The volume record is
+        written under a temp name first. The name record is a pointer (a symlink whose
+        target is the volume id: atomic, no data block) renamed in; then the image is
+        created (or cloned). The volume record's temp file is fsynced, which on a
+        journaling filesystem also commits the name and the image, in that order; the
+        image, its directory and the name's directory are then fsynced (nothing left
+        to commit for them) and only then is the volume record renamed in and its
+        directory fsynced. A durable volume record therefore implies a durable name and
+        image; a crash before it leaves at most a name without a volume record, which a
+        retry of the same name resumes under the same id (create_volume). Two journal
+        commits and one data block for an empty volume, where writing each document in
+        turn took eight commits and three data blocks."""
         final = self.pool.image(vol.volume_id)
         vol.state = "ready"
         with contextlib.ExitStack() as stack:
             record = stack.enter_context(store.StagedDoc(self.pool.volume_meta(vol.volume_id), vol.to_doc()))
-            if name_doc is not None:
-                with store.StagedDoc(index, name_doc) as name_record:
-                    name_record.commit(sync_dir=False)
+            if record_name:
+                store.write_pointer(index, vol.volume_id, sync_dir=False)
                 failpoint("volume.after_name")
             if vol.source:
                 self._clone_image(vol, final)
@@ -295,8 +296,7 @@ class VolumeService:
             for p in (image, self.pool.staging_image(image)):
                 p.unlink(missing_ok=True)
             index = self.pool.name_index(name_key("volume", vol.name))
-            idx = store.read_doc(index)
-            if idx and idx.get("volume_id") == volume_id:
+            if self._named(index) == volume_id:
                 index.unlink(missing_ok=True)
             store.fsync_dirs(meta.parent, image.parent, index.parent)
             failpoint("volume.before_delete_record")
@@ -319,8 +319,8 @@ class VolumeService:
                              topology={TOPOLOGY_SITE: self.pool.site})
                 store.write_doc(self.pool.volume_meta(volume_id), vol.to_doc())
                 idx = self.pool.name_index(name_key("volume", name))
-                if store.read_doc(idx) is None:
-                    store.write_doc(idx, {"name": name, "volume_id": volume_id})
+                if not self._named(idx):
+                    store.write_pointer(idx, volume_id)
                 return vol
             if vol.capacity_bytes < capacity_bytes or vol.group_id != group_id:
                 vol.capacity_bytes = max(vol.capacity_bytes, capacity_bytes)

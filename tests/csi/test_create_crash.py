@@ -7,6 +7,7 @@ order and the retry's convergence, not what reaches the disk on a power cut."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import grpc
@@ -19,7 +20,7 @@ POINTS = ["volume.after_name", "volume.after_image", "volume.before_record", "vo
 
 
 def pool_state(pool: Path):
-    names = [json.loads(p.read_text()) for p in (pool / "names").glob("volume-*.json")]
+    names = [os.readlink(p) for p in (pool / "names").glob("volume-*.json")]      # pointers: target = id
     volumes = {p.stem: json.loads(p.read_text()) for p in (pool / "volumes").glob("*.json")}
     images = sorted(p.name for p in (pool / "images").iterdir())
     temps = sorted(p.name for d in ("names", "volumes", "images") for p in (pool / d).iterdir()
@@ -38,7 +39,7 @@ def test_create_killed_at_each_step_converges_on_retry(make_plugin, monkeypatch,
 
     names, volumes, images, _ = pool_state(plugin.pool)
     assert len(names) == 1, "the intent (name record) is in place before anything else"
-    intent = names[0]["volume_id"]
+    intent = names[0]
     # the volume record goes in last: present only when the kill came after it
     assert list(volumes) == ([intent] if point == "volume.after_record" else [])
     if point != "volume.after_name":
@@ -51,7 +52,7 @@ def test_create_killed_at_each_step_converges_on_retry(make_plugin, monkeypatch,
     assert plugin.create("crashy", 64 * MiB).volume_id == intent
 
     names, volumes, images, temps = pool_state(plugin.pool)
-    assert names == [{"name": "crashy", "volume_id": intent, "schema": 1}]
+    assert names == [intent]
     assert list(volumes) == [intent] and volumes[intent]["state"] == "ready"
     assert volumes[intent]["name"] == "crashy" and volumes[intent]["capacity_bytes"] == 64 * MiB
     assert images == [f"{intent}.img"]
@@ -78,7 +79,7 @@ def test_retry_after_kill_with_other_size_gets_what_it_asks(make_plugin, monkeyp
     assert vol.capacity_bytes == 128 * MiB
     assert (plugin.pool / "images" / f"{vol.volume_id}.img").stat().st_size == 128 * MiB
     names, volumes, _, temps = pool_state(plugin.pool)
-    assert [n["volume_id"] for n in names] == [vol.volume_id] and list(volumes) == [vol.volume_id]
+    assert names == [vol.volume_id] and list(volumes) == [vol.volume_id]
     assert temps == []
 
 
@@ -103,3 +104,19 @@ def test_delete_killed_before_its_record_goes_converges_on_retry(make_plugin, mo
     assert pool_state(plugin.pool) == ([], {}, [], [])
     again = plugin.create("doomed", 64 * MiB)
     assert again.volume_id != vol.volume_id
+
+
+def test_name_record_of_an_older_release_is_honoured(make_plugin):
+    """Pools written before name pointers hold JSON name records: a retry finds the volume, delete drops it."""
+    plugin = make_plugin()
+    vol = plugin.create("legacy", 64 * MiB)
+    (index,) = (plugin.pool / "names").glob("volume-*.json")
+    assert index.is_symlink() and os.readlink(index) == vol.volume_id
+    plugin.stop()
+    index.unlink()
+    index.write_text(json.dumps({"name": "legacy", "volume_id": vol.volume_id, "schema": 1}))
+    plugin.start()
+    assert plugin.create("legacy", 64 * MiB).volume_id == vol.volume_id
+    assert not index.is_symlink()
+    plugin.delete(vol.volume_id)
+    assert not index.exists() and pool_state(plugin.pool) == ([], {}, [], [])
