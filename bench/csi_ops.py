@@ -1,7 +1,7 @@
 """CSI operation latencies on a reflink XFS pool, beside a plain full copy.
 
     python -m bench.csi_ops [--json] [--volumes 200] [--repeat 5] [--cases create,copy1g,copy10g]
-                            [--hostpath /path/to/hostpathplugin] [--capacity-mib 64]
+                            [--hostpath /path/to/hostpathplugin] [--capacity-mib 64] [--runs 3]
 
 Starts the real plugin on a fresh 40 GiB sparse loop-mounted XFS pool, then
 times CreateVolume/DeleteVolume, and CreateSnapshot and clone-by-CreateVolume
@@ -235,33 +235,42 @@ class Bench:
         return written
 
     # -- measurements -----------------------------------------------------------------
-    def create_delete(self, n: int, size: int = 64 * MiB, warmup: int = 5) -> dict:
-        """*n* CreateVolume+DeleteVolume pairs on drsvc and, when given, the hostpath driver.
+    def create_delete(self, n: int, size: int = 64 * MiB, warmup: int = 5, runs: int = 1) -> dict:
+        """*runs* runs of *n* CreateVolume+DeleteVolume pairs on drsvc and, when given, the hostpath driver.
 
         Same request (mount access, *size* bytes) on both, interleaved pair by pair with the
-        order alternating, so both see the same machine load; *warmup* pairs each are not timed."""
+        order alternating, so both see the same machine load; *warmup* pairs each are not timed
+        (before every run). Each figure is the median over the runs of that run's percentile."""
         drivers = [self.drsvc] + ([self.peer] if self.peer is not None else [])
-        times = {d.name: ([], []) for d in drivers}
         load = os.getloadavg()[0]
-        for i in range(-warmup, n):
-            for d in (drivers if i % 2 == 0 else drivers[::-1]):
-                t, vid = timed(lambda d=d, i=i: d.create(f"cd-{i + warmup}", size))
-                t2, _ = timed(lambda d=d, vid=vid: d.delete(vid))
-                if i >= 0:
-                    times[d.name][0].append(t)
-                    times[d.name][1].append(t2)
-        out = {"n": n, "capacity_bytes": size, "access_type": "mount", "warmup": warmup,
-               "load_1m_before": load, "load_1m_after": os.getloadavg()[0], "drivers": {}}
-        for name, (creates, deletes) in times.items():
-            out["drivers"][name] = {
+        per_run = []
+        for r in range(runs):
+            times = {d.name: ([], []) for d in drivers}
+            run_load = os.getloadavg()[0]
+            for i in range(-warmup, n):
+                for d in (drivers if i % 2 == 0 else drivers[::-1]):
+                    t, vid = timed(lambda d=d, i=i, r=r: d.create(f"cd-{r}-{i + warmup}", size))
+                    t2, _ = timed(lambda d=d, vid=vid: d.delete(vid))
+                    if i >= 0:
+                        times[d.name][0].append(t)
+                        times[d.name][1].append(t2)
+            per_run.append({"load_1m": run_load, "drivers": {name: {
                 "create_p50_ms": ms(pct(creates, 50)), "create_p99_ms": ms(pct(creates, 99)),
                 "delete_p50_ms": ms(pct(deletes, 50)), "delete_p99_ms": ms(pct(deletes, 99))}
+                for name, (creates, deletes) in times.items()}})
+        keys = ("create_p50_ms", "create_p99_ms", "delete_p50_ms", "delete_p99_ms")
+        out = {"n": n, "runs": per_run, "capacity_bytes": size, "access_type": "mount", "warmup": warmup,
+               "load_1m_before": load, "load_1m_after": os.getloadavg()[0],
+               "drivers": {d.name: {k: round(statistics.median(run["drivers"][d.name][k] for run in per_run), 2)
+                                    for k in keys} for d in drivers}}
         out.update(out["drivers"]["drsvc"])            # the figures older readers look for
         peer = out["drivers"].get("hostpath")
         out["hostpath_measured"] = peer is not None
-        out["ratio"] = None if peer is None else {
-            k: round(out[k] / peer[k], 2) if peer[k] else None
-            for k in ("create_p50_ms", "create_p99_ms", "delete_p50_ms", "delete_p99_ms")}
+        out["ratio"] = None if peer is None else {k: round(out[k] / peer[k], 2) if peer[k] else None for k in keys}
+        for run in per_run:
+            hp = run["drivers"].get("hostpath")
+            run["ratio"] = None if hp is None else {
+                k: round(run["drivers"]["drsvc"][k] / hp[k], 2) if hp[k] else None for k in keys}
         return out
 
     def copies(self, size: int, repeat: int, scattered: int, data_bytes: int = GiB) -> dict:
@@ -304,9 +313,17 @@ def report(result: dict, repeat: int) -> list[str]:
     cd = result.get("create_delete")
     if cd:
         peer, ratio = cd["drivers"].get("hostpath"), cd["ratio"]
-        lines.append(f"CreateVolume/DeleteVolume: {cd['n']} pairs, mount access, {cd['capacity_bytes'] // MiB} MiB, "
-                     f"after {cd['warmup']} warm-up pairs; load average {cd['load_1m_before']:.2f} -> "
-                     f"{cd['load_1m_after']:.2f}")
+        lines.append(f"CreateVolume/DeleteVolume: {len(cd['runs'])} run(s) of {cd['n']} pairs, mount access, "
+                     f"{cd['capacity_bytes'] // MiB} MiB, {cd['warmup']} warm-up pairs a run; load average "
+                     f"{cd['load_1m_before']:.2f} -> {cd['load_1m_after']:.2f}")
+        if len(cd["runs"]) > 1:
+            for i, run in enumerate(cd["runs"]):
+                d, hp = run["drivers"]["drsvc"], run["drivers"].get("hostpath")
+                lines.append(f"  run {i + 1} (load {run['load_1m']:.2f}): create p50 drsvc {d['create_p50_ms']:.2f}"
+                             + (f" hostpath {hp['create_p50_ms']:.2f} ratio {run['ratio']['create_p50_ms']:.2f}x"
+                                if hp else "") + f", delete p50 drsvc {d['delete_p50_ms']:.2f}"
+                             + (f" hostpath {hp['delete_p50_ms']:.2f}" if hp else ""))
+            lines.append("medians of the runs:")
         lines.append(f"{'operation':<14}{'drsvc p50':>10}{'p99':>8}{'hostpath p50':>14}{'p99':>8}"
                      f"{'ratio p50':>11}{'p99':>7}")
         for op in ("create", "delete"):
@@ -336,7 +353,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="end with one JSON line holding every figure")
     ap.add_argument("--volumes", type=int, default=200, help="timed CreateVolume/DeleteVolume pairs per driver")
-    ap.add_argument("--warmup", type=int, default=5, help="untimed pairs per driver first")
+    ap.add_argument("--warmup", type=int, default=5, help="untimed pairs per driver before each run")
+    ap.add_argument("--runs", type=int, default=1, help="create/delete runs; figures are medians of the runs")
     ap.add_argument("--capacity-mib", type=int, default=64, help="capacity asked by each CreateVolume")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {','.join(CASES)}")
@@ -355,7 +373,8 @@ def main(argv=None) -> int:
         b.setup()
         result = {"reflink": supports_reflink(b.mnt)}
         if "create" in cases:
-            result["create_delete"] = b.create_delete(args.volumes, args.capacity_mib * MiB, args.warmup)
+            result["create_delete"] = b.create_delete(args.volumes, args.capacity_mib * MiB, args.warmup,
+                                                       max(1, args.runs))
         if "copy1g" in cases:
             result["copy_1g"] = b.copies(GiB, args.repeat, scattered=0)
         if "copy10g" in cases:
