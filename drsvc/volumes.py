@@ -156,7 +156,10 @@ class VolumeService:
                         store.fsync_dirs(index.parent, self.pool.image(vol.volume_id).parent,
                                          self.pool.volume_meta(vol.volume_id).parent)
                         return vol
-                    return self._materialise(vol, index)        # a "creating" record (older releases)
+                    # a record that is not ready ('creating', written by older releases before the
+                    # image): finish it
+                    self.pool.staging_image(self.pool.image(volume_id)).unlink(missing_ok=True)
+                    return self._materialise(vol, index)
                 # the name's intent is recorded but its volume never was: an attempt died before
                 # answering, so nothing was handed out under this id; start it again afresh
                 for stale in (self.pool.image(volume_id), self.pool.staging_image(self.pool.image(volume_id))):

@@ -19,13 +19,17 @@ from tests.fixtures.csi import MiB
 POINTS = ["volume.after_name", "volume.after_image", "volume.before_record", "volume.after_record"]
 
 
-def pool_state(pool: Path):
-    names = [os.readlink(p) for p in (pool / "names").glob("volume-*.json")]      # pointers: target = id
+def pool_state_files(pool: Path):
     volumes = {p.stem: json.loads(p.read_text()) for p in (pool / "volumes").glob("*.json")}
     images = sorted(p.name for p in (pool / "images").iterdir())
     temps = sorted(p.name for d in ("names", "volumes", "images") for p in (pool / d).iterdir()
-                   if p.name.startswith(".") or p.name.endswith(".part"))
-    return names, volumes, images, temps
+                   if p.name.startswith("."))
+    return volumes, images, temps
+
+
+def pool_state(pool: Path):
+    names = [os.readlink(p) for p in (pool / "names").glob("volume-*.json")]      # pointers: target = id
+    return (names, *pool_state_files(pool))
 
 
 @pytest.mark.parametrize("point", POINTS)
@@ -120,3 +124,28 @@ def test_name_record_of_an_older_release_is_honoured(make_plugin):
     assert not index.is_symlink()
     plugin.delete(vol.volume_id)
     assert not index.exists() and pool_state(plugin.pool) == ([], {}, [], [])
+
+
+def test_creating_record_of_an_older_release_is_finished(make_plugin):
+    """Older releases wrote a 'creating' volume record and a JSON name record before the image:
+    killed then, a retry of the same name finishes that volume under its id."""
+    plugin = make_plugin()
+    vol = plugin.create("halfway", 64 * MiB)
+    plugin.stop()
+    pool = plugin.pool
+    (index,) = (pool / "names").glob("volume-*.json")
+    index.unlink()
+    index.write_text(json.dumps({"name": "halfway", "volume_id": vol.volume_id, "schema": 1}))
+    meta = pool / "volumes" / f"{vol.volume_id}.json"
+    meta.write_text(json.dumps(dict(json.loads(meta.read_text()), state="creating")))
+    image = pool / "images" / f"{vol.volume_id}.img"
+    image.unlink()
+    (pool / "images" / f".{image.name}.partial").write_bytes(b"half")
+    plugin.start()
+    assert plugin.controller.ListVolumes(csi_pb2.ListVolumesRequest(), timeout=30).entries == []
+    again = plugin.create("halfway", 64 * MiB)
+    assert again.volume_id == vol.volume_id
+    assert not index.is_symlink()                # the older record stays as it was
+    volumes, images, temps = pool_state_files(pool)
+    assert volumes[vol.volume_id]["state"] == "ready" and images == [image.name] and temps == []
+    assert image.stat().st_size == 64 * MiB
