@@ -280,22 +280,26 @@ class VolumeService:
     def delete_volume(self, volume_id: str, *, in_use: callable = None) -> None:
         check_id(volume_id)
         with self.pool.lock(volume_id):
+            meta, tombstone = self.pool.volume_meta(volume_id), self.pool.volume_tombstone(volume_id)
+            image = self.pool.image(volume_id)
             vol = self.find_volume(volume_id)
             if vol is None:
-                self.pool.image(volume_id).unlink(missing_ok=True)
-                return
-            if in_use is not None and (reason := in_use(volume_id)):
-                raise VolumeInUse(volume_id=volume_id, reason=reason)
-            if vol.group_id:
-                raise VolumeInUse(volume_id=volume_id, reason=f"it is a member of volume group {vol.group_id}")
-            # intent (the record says deleting) -> act (image and name go) -> record (the record goes).
-            # The directory fsyncs come together after the unlinks: the first commits the journal
-            # (the deleting record's rename and the unlinks), the others find nothing left to do.
-            # A crash before the answer leaves the record, deleting or not, which a retry finishes.
-            meta, image = self.pool.volume_meta(volume_id), self.pool.image(volume_id)
-            vol.state = "deleting"
-            with store.StagedDoc(meta, vol.to_doc()) as record:
-                record.commit(sync_dir=False)
+                doc = store.read_doc(tombstone)         # a delete that died before its answer
+                if doc is None:
+                    image.unlink(missing_ok=True)
+                    return
+                vol = Volume.from_doc(doc)
+            else:
+                if in_use is not None and (reason := in_use(volume_id)):
+                    raise VolumeInUse(volume_id=volume_id, reason=reason)
+                if vol.group_id:
+                    raise VolumeInUse(volume_id=volume_id, reason=f"it is a member of volume group {vol.group_id}")
+                # intent: the record is set aside (a rename, no data written): from here on the volume
+                # is neither listed nor found, and a retried DeleteVolume finishes from the tombstone
+                os.replace(meta, tombstone)
+            # act: the image and the name go. The directory fsyncs come together after the unlinks:
+            # the first commits the journal (the rename and the unlinks), the others find nothing
+            # left to do. Then the record goes (unlink, fsync of its directory).
             for p in (image, self.pool.staging_image(image)):
                 p.unlink(missing_ok=True)
             index = self.pool.name_index(name_key("volume", vol.name))
@@ -303,7 +307,7 @@ class VolumeService:
                 index.unlink(missing_ok=True)
             store.fsync_dirs(meta.parent, image.parent, index.parent)
             failpoint("volume.before_delete_record")
-            store.remove(meta)
+            store.remove(tombstone)
             log.info("volume %s deleted", volume_id)
 
     # -- replicas (called by the replication engine at the secondary) ---------

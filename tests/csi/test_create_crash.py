@@ -88,8 +88,9 @@ def test_retry_after_kill_with_other_size_gets_what_it_asks(make_plugin, monkeyp
 
 
 def test_delete_killed_before_its_record_goes_converges_on_retry(make_plugin, monkeypatch):
-    """Killed after the image and the name went but before the volume record did: the volume
-    is no longer listed (its record says deleting), a retried delete finishes, and the name is free."""
+    """Killed after the image and the name went but before the volume record did: the record is
+    set aside (a tombstone), so the volume is neither listed nor found; a retried delete finishes,
+    and the name is free."""
     monkeypatch.setenv("DRSVC_FAILPOINTS", "volume.before_delete_record")
     plugin = make_plugin()
     vol = plugin.create("doomed", 64 * MiB)
@@ -97,12 +98,15 @@ def test_delete_killed_before_its_record_goes_converges_on_retry(make_plugin, mo
         plugin.delete(vol.volume_id)
     plugin.proc.wait(timeout=20)
     assert plugin.proc.returncode == -9, plugin.log_tail()
-    names, volumes, images, _ = pool_state(plugin.pool)
-    assert names == [] and images == [] and volumes[vol.volume_id]["state"] == "deleting"
+    names, volumes, images, temps = pool_state(plugin.pool)
+    assert (names, volumes, images) == ([], {}, []) and temps == [f".{vol.volume_id}.json.deleting"]
 
     monkeypatch.delenv("DRSVC_FAILPOINTS")
     plugin.restart()
     assert plugin.controller.ListVolumes(csi_pb2.ListVolumesRequest(), timeout=30).entries == []
+    with pytest.raises(grpc.RpcError) as exc:
+        plugin.controller.ControllerGetVolume(csi_pb2.ControllerGetVolumeRequest(volume_id=vol.volume_id))
+    assert exc.value.code() == grpc.StatusCode.NOT_FOUND
     plugin.delete(vol.volume_id)
     plugin.delete(vol.volume_id)
     assert pool_state(plugin.pool) == ([], {}, [], [])
