@@ -6,8 +6,10 @@ name, so no path escapes the pool::
     pool.json                                   schema, site, created
     images/<volume_id>.img                      volume images (replicas keep the same id)
     volumes/<volume_id>.json                    volume metadata
+    volumes/.<volume_id>.json.deleting          the record of a volume DeleteVolume is removing
     snapshots/<snapshot_id>.img|.json           snapshot images (reflink copies) and metadata
-    names/<kind>-<sha256>.json                  client name -> id index
+    names/<kind>-<sha256>.json                  client name -> id index (a volume's: a pointer, i.e. a
+                                                symlink whose target is the id; others: JSON documents)
     node/<volume_id>.json                       node stage/publish state
     groups/<group_id>.json                      volume groups
     group_snapshots/<id>.json                   volume group snapshots (members live in snapshots/)
@@ -58,6 +60,10 @@ class PoolLayout:
 
     def volume_meta(self, volume_id: str) -> Path:
         return self.root / "volumes" / f"{check_id(volume_id, 'volume_id')}.json"
+
+    def volume_tombstone(self, volume_id: str) -> Path:
+        """Where DeleteVolume sets the record aside until the volume is gone (not listed, not found)."""
+        return self.root / "volumes" / f".{check_id(volume_id, 'volume_id')}.json.deleting"
 
     def snapshot_image(self, snapshot_id: str) -> Path:
         return self.root / "snapshots" / f"{check_id(snapshot_id, 'snapshot_id')}.img"

@@ -39,7 +39,10 @@ class Volume:
     mutable_parameters: dict = field(default_factory=dict)   # set by ControllerModifyVolume
 
     def to_doc(self) -> dict:
-        return asdict(self)
+        # asdict() deep-copies field by field (~60 us, on every CreateVolume and DeleteVolume);
+        # the values here are scalars and flat str -> str dicts, so copying the dicts is the same
+        return {name: dict(value) if isinstance(value, dict) else value
+                for name, value in ((f, getattr(self, f)) for f in self.__dataclass_fields__)}
 
     @classmethod
     def from_doc(cls, doc: dict) -> Volume:

@@ -57,6 +57,9 @@ class Pool:
     def volume_meta(self, volume_id: str) -> Path:
         return self.layout.volume_meta(volume_id)
 
+    def volume_tombstone(self, volume_id: str) -> Path:
+        return self.layout.volume_tombstone(volume_id)
+
     def snapshot_image(self, snapshot_id: str) -> Path:
         return self.layout.snapshot_image(snapshot_id)
 

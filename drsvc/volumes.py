@@ -6,6 +6,7 @@ converges on the same result.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -19,6 +20,7 @@ from .ids import check_id, check_map, check_name, name_key, new_id
 from .model import BLOCK, MOUNT, SINGLE_NODE_MODES, Capability, ContentSource, Snapshot, Volume
 from .paging import paginate
 from .pool import Pool
+from .replication.faults import failpoint
 
 log = logging.getLogger(__name__)
 MiB = 1024 * 1024
@@ -142,24 +144,33 @@ class VolumeService:
         src_doc = {"kind": source.kind, "source_id": source.source_id} if source else None
 
         key = name_key("volume", name)
+        index = self.pool.name_index(key)
         with self.pool.lock(key):
-            existing = store.read_doc(self.pool.name_index(key))
-            if existing:
-                vol = self.find_volume(existing["volume_id"])
+            volume_id = self._named(index)
+            if volume_id:
+                vol = self.find_volume(volume_id)
                 if vol is not None:
                     self._check_compatible(vol, required_bytes, limit_bytes, fs_type, kept, src_doc)
                     if vol.state == "ready":
+                        # an earlier attempt may have died between its rename and its fsyncs
+                        store.fsync_dirs(index.parent, self.pool.image(vol.volume_id).parent,
+                                         self.pool.volume_meta(vol.volume_id).parent)
                         return vol
-                    return self._materialise(vol)
+                    # a record that is not ready ('creating', written by older releases before the
+                    # image): finish it
+                    self.pool.staging_image(self.pool.image(volume_id)).unlink(missing_ok=True)
+                    return self._materialise(vol, index)
+                # the name's intent is recorded but its volume never was: an attempt died before
+                # answering, so nothing was handed out under this id; start it again afresh
+                for stale in (self.pool.image(volume_id), self.pool.staging_image(self.pool.image(volume_id))):
+                    stale.unlink(missing_ok=True)
+                store.remove_temps(self.pool.volume_meta(volume_id))
             source_size = self._source_size(source) if source else 0
             size = self._size_for(required_bytes, limit_bytes, fs_type or filesystems.DEFAULT, source_size)
-            vol = Volume(volume_id=new_id("vol"), name=name, capacity_bytes=size, state="creating",
+            vol = Volume(volume_id=volume_id or new_id("vol"), name=name, capacity_bytes=size, state="creating",
                          fs_type=fs_type, parameters=kept, source=src_doc, topology=self.topology,
                          created_at=time.time())
-            # intent first: a crash from here on is resumed by the same name
-            store.write_doc(self.pool.volume_meta(vol.volume_id), vol.to_doc())
-            store.write_doc(self.pool.name_index(key), {"name": name, "volume_id": vol.volume_id})
-            return self._materialise(vol)
+            return self._materialise(vol, index, record_name=not volume_id)
 
     def _check_compatible(self, vol: Volume, required: int, limit: int, fs_type: str,
                           params: dict, src: dict | None) -> None:
@@ -188,55 +199,115 @@ class VolumeService:
         self.get_volume(src["source_id"])
         return self.pool.image(src["source_id"])
 
-    def _materialise(self, vol: Volume) -> Volume:
+    def _named(self, index) -> str:
+        """The volume id the name record at *index* holds ('' when none)."""
+        volume_id = store.read_pointer(index, "volume_id")
+        return check_id(volume_id) if volume_id else ""
+
+    def _materialise(self, vol: Volume, index, *, record_name: bool = False) -> Volume:
+        """Record the name (the intent), make the image (act), record the volume ready.
+
+        Ordered so that few journal commits make it all durable. The volume record is
+        written under a temp name first. The name record is a pointer (a symlink whose
+        target is the volume id: atomic, no data block) renamed in; then the image is
+        created (or cloned). The volume record's temp file is fsynced, which on a
+        journaling filesystem also commits the name and the image, in that order; the
+        image, its directory and the name's directory are then fsynced (nothing left
+        to commit for them) and only then is the volume record renamed in and its
+        directory fsynced. A durable volume record therefore implies a durable name and
+        image; a crash before it leaves at most a name without a volume record, which a
+        retry of the same name resumes under the same id (create_volume). Two journal
+        commits and one data block for an empty volume, where writing each document in
+        turn took eight commits and three data blocks."""
         final = self.pool.image(vol.volume_id)
-        if not final.exists():
-            part = self.pool.staging_image(final)
-            part.unlink(missing_ok=True)
-            free, _ = self.pool.space()
-            if vol.source:
-                reflink.clone_file(self._source_image(vol.source), part)
-                with open(part, "r+b") as f:
-                    if os.fstat(f.fileno()).st_size < vol.capacity_bytes:
-                        f.truncate(vol.capacity_bytes)
-                    os.fsync(f.fileno())
-            else:
-                with open(part, "xb") as f:
-                    f.truncate(vol.capacity_bytes)
-                    if vol.parameters.get("preallocate") == "true":
-                        if vol.capacity_bytes > free:
-                            part.unlink()
-                            raise PoolFull(free=free, needed=vol.capacity_bytes)
-                        os.posix_fallocate(f.fileno(), 0, vol.capacity_bytes)
-                    os.fsync(f.fileno())
-            os.replace(part, final)
-            store.fsync_dir(final.parent)
         vol.state = "ready"
-        store.write_doc(self.pool.volume_meta(vol.volume_id), vol.to_doc())
+        with contextlib.ExitStack() as stack:
+            record = stack.enter_context(store.StagedDoc(self.pool.volume_meta(vol.volume_id), vol.to_doc()))
+            if record_name:
+                store.write_pointer(index, vol.volume_id, sync_dir=False)
+                failpoint("volume.after_name")
+            if vol.source:
+                self._clone_image(vol, final)
+                fd = -1
+            else:
+                fd = self._empty_image(final, vol.capacity_bytes, vol.parameters.get("preallocate") == "true")
+                stack.callback(os.close, fd)
+            failpoint("volume.after_image")
+            record.sync()
+            if fd >= 0:
+                os.fsync(fd)
+            store.fsync_dirs(final.parent, index.parent)
+            failpoint("volume.before_record")
+            record.commit()
+            failpoint("volume.after_record")
         log.info("volume %s (%s) ready: %d bytes", vol.volume_id, vol.name, vol.capacity_bytes)
         return vol
+
+    def _clone_image(self, vol: Volume, final) -> None:
+        if final.exists():
+            return
+        part = self.pool.staging_image(final)
+        part.unlink(missing_ok=True)
+        reflink.clone_file(self._source_image(vol.source), part)
+        with open(part, "r+b") as f:
+            if os.fstat(f.fileno()).st_size < vol.capacity_bytes:
+                f.truncate(vol.capacity_bytes)
+            os.fsync(f.fileno())
+        os.replace(part, final)
+
+    def _empty_image(self, final, size: int, preallocate: bool) -> int:
+        """Open (creating) a sparse or preallocated image of *size* bytes at *final*; the caller
+        fsyncs and closes the returned fd.
+
+        One open(O_CREAT) and one ftruncate, no staging name: until the volume record
+        names it no one reads it, and a retry finishes (or redoes) it."""
+        fd = os.open(final, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            if os.fstat(fd).st_size < size:
+                os.ftruncate(fd, size)
+            if preallocate:
+                free, _ = self.pool.space()
+                if size > free:
+                    final.unlink()
+                    raise PoolFull(free=free, needed=size)
+                os.posix_fallocate(fd, 0, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     # -- delete ---------------------------------------------------------------
     def delete_volume(self, volume_id: str, *, in_use: callable = None) -> None:
         check_id(volume_id)
         with self.pool.lock(volume_id):
+            meta, tombstone = self.pool.volume_meta(volume_id), self.pool.volume_tombstone(volume_id)
+            image = self.pool.image(volume_id)
             vol = self.find_volume(volume_id)
             if vol is None:
-                self.pool.image(volume_id).unlink(missing_ok=True)
-                return
-            if in_use is not None and (reason := in_use(volume_id)):
-                raise VolumeInUse(volume_id=volume_id, reason=reason)
-            if vol.group_id:
-                raise VolumeInUse(volume_id=volume_id, reason=f"it is a member of volume group {vol.group_id}")
-            vol.state = "deleting"
-            store.write_doc(self.pool.volume_meta(volume_id), vol.to_doc())
-            for p in (self.pool.image(volume_id), self.pool.staging_image(self.pool.image(volume_id))):
-                store.remove(p)
-            key = name_key("volume", vol.name)
-            idx = store.read_doc(self.pool.name_index(key))
-            if idx and idx.get("volume_id") == volume_id:
-                store.remove(self.pool.name_index(key))
-            store.remove(self.pool.volume_meta(volume_id))
+                doc = store.read_doc(tombstone)         # a delete that died before its answer
+                if doc is None:
+                    image.unlink(missing_ok=True)
+                    return
+                vol = Volume.from_doc(doc)
+            else:
+                if in_use is not None and (reason := in_use(volume_id)):
+                    raise VolumeInUse(volume_id=volume_id, reason=reason)
+                if vol.group_id:
+                    raise VolumeInUse(volume_id=volume_id, reason=f"it is a member of volume group {vol.group_id}")
+                # intent: the record is set aside (a rename, no data written): from here on the volume
+                # is neither listed nor found, and a retried DeleteVolume finishes from the tombstone
+                os.replace(meta, tombstone)
+            # act: the image and the name go. The directory fsyncs come together after the unlinks:
+            # the first commits the journal (the rename and the unlinks), the others find nothing
+            # left to do. Then the record goes (unlink, fsync of its directory).
+            for p in (image, self.pool.staging_image(image)):
+                p.unlink(missing_ok=True)
+            index = self.pool.name_index(name_key("volume", vol.name))
+            if self._named(index) == volume_id:
+                index.unlink(missing_ok=True)
+            store.fsync_dirs(meta.parent, image.parent, index.parent)
+            failpoint("volume.before_delete_record")
+            store.remove(tombstone)
             log.info("volume %s deleted", volume_id)
 
     # -- replicas (called by the replication engine at the secondary) ---------
@@ -255,8 +326,8 @@ class VolumeService:
                              topology={TOPOLOGY_SITE: self.pool.site})
                 store.write_doc(self.pool.volume_meta(volume_id), vol.to_doc())
                 idx = self.pool.name_index(name_key("volume", name))
-                if store.read_doc(idx) is None:
-                    store.write_doc(idx, {"name": name, "volume_id": volume_id})
+                if not self._named(idx):
+                    store.write_pointer(idx, volume_id)
                 return vol
             if vol.capacity_bytes < capacity_bytes or vol.group_id != group_id:
                 vol.capacity_bytes = max(vol.capacity_bytes, capacity_bytes)
