@@ -26,7 +26,23 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def fsync_files(paths, *, directory: Path | None = None) -> None:
+    """One durability barrier for files written without fsync, then *directory*, which
+    names them. Sequential: concurrent fsyncs measured slower here (thread wake-ups on a
+    busy 2-core host cost more than the log forces they could share)."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    if directory is not None:
+        fsync_dir(directory)
+
+
+def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> None:
+    """Write *path* whole via a temp file and a rename. durable=False skips both fsyncs:
+    for files in a private directory that a later barrier (fsync_files) makes durable."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -34,19 +50,21 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
-def write_doc(path: Path, doc: dict) -> None:
+def write_doc(path: Path, doc: dict, *, durable: bool = True) -> None:
     body = dict(doc)
     body["schema"] = SCHEMA_VERSION
-    atomic_write_bytes(path, json.dumps(body, sort_keys=True, indent=1).encode())
+    atomic_write_bytes(path, json.dumps(body, sort_keys=True, indent=1).encode(), durable=durable)
 
 
 def read_doc(path: Path) -> dict | None:

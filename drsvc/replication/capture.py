@@ -12,6 +12,7 @@ Two ways, chosen per member:
   that became holes) say how to roll the base forward once the peer commits
   (``roll_forward``). Its cost is one FIEMAP of the live image plus the change.
 
+Files are written without fsync; the caller makes *dest* durable at one barrier.
 All members are captured inside one freeze of every mountpoint (freeze all,
 capture all, thaw all). Without a mountpoint to freeze, an overlay capture is
 only kept when the image's mtime shows no write landed between its FIEMAP and
@@ -51,10 +52,8 @@ class Captured:
 def _ranges_file(path: Path, intervals) -> None:
     import numpy as np
     a = np.asarray(intervals, dtype=np.int64).reshape(-1, 2)   # the file holds native int64 pairs
-    with open(path, "wb") as f:
+    with open(path, "wb") as f:      # durable at prepare's barrier, outside the freeze
         f.write(a.tobytes())
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def read_ranges(path: Path) -> list[tuple[int, int]]:
@@ -154,7 +153,8 @@ def capture(layout, members, dest: Path, mountpoints=(), bases: dict | None = No
             src = layout.image(vol)
             if vol in base_ext:
                 try:
-                    out[vol], checks[vol] = _overlay(src, dest, vol, base_ext[vol], block_size)
+                    out[vol], checks[vol] = _overlay(src, dest, vol, base_ext[vol], block_size,
+                                                     settle=not mountpoints)
                     continue
                 except FileNotFoundError:
                     raise VolumeNotFound(volume_id=vol) from None
@@ -174,12 +174,8 @@ def capture(layout, members, dest: Path, mountpoints=(), bases: dict | None = No
                 for suffix in (".delta", ".ranges", ".clear", ".extents"):
                     (dest / f"{vol}{suffix}").unlink(missing_ok=True)
                 out[vol] = _full(layout.image(vol), dest, vol)
-    for c in out.values():      # durability after the thaw, so the freeze lasts only the clones
-        fd = os.open(c.path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    # Nothing here is fsynced: *dest* is private until the caller's one durability barrier
+    # (sender.prepare), after the thaw, so the freeze lasts only the FIEMAPs and clones.
     return out
 
 
@@ -191,18 +187,26 @@ def _full(src: Path, dest: Path, vol: str) -> Captured:
     return Captured(vol, dest / f"{vol}.img", reflinked)
 
 
-def _overlay(src: Path, dest: Path, vol: str, base, bs: int):
+SETTLE_POLL_S = 0.001      # the coarse clock ticks every 1-10 ms (CONFIG_HZ)
+SETTLE_MAX_S = 0.015
+
+
+def _overlay(src: Path, dest: Path, vol: str, base, bs: int, *, settle: bool = True):
     base_extents, base_size = base
     fd = os.open(src, os.O_RDONLY)
     try:
         st = os.fstat(fd)
-        for _ in range(3):       # written this very tick? a later write might not move mtime
-            if st.st_mtime_ns < _coarse_now_ns():
-                break
-            time.sleep(0.005)
+        # Unfrozen (settle): the mtime check after the thaw must see any write that lands
+        # after our FIEMAP, but a write in the tick of the last one would not move mtime:
+        # wait until the coarse clock has passed it (half a tick on average). Frozen, no
+        # write can land and there is no mtime check, so no wait (the freeze stays short).
+        waited = 0.0
+        while settle and st.st_mtime_ns >= _coarse_now_ns():
+            if waited >= SETTLE_MAX_S:
+                raise OSError(errno.EINVAL, "image is being written: capture it whole")
+            time.sleep(SETTLE_POLL_S)
+            waited += SETTLE_POLL_S
             st = os.fstat(fd)
-        else:
-            raise OSError(errno.EINVAL, "image is being written: capture it whole")
         size = st.st_size
         new_extents = fiemap_array(fd, size)
         ms = planner.plan_from_extent_arrays(new_extents, base_extents, size, base_size, bs)

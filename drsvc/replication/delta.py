@@ -36,9 +36,10 @@ class ScanStats:
 
 
 class PlanWriter:
-    def __init__(self, path):
+    def __init__(self, path, *, durable: bool = True):
         self.f = open(path, "wb", buffering=1 << 20)  # noqa: SIM115 - the writer owns it; close() closes it
         self.count = 0
+        self.durable = durable      # False: the caller fsyncs it at its own barrier
 
     def add(self, member: int, is_zero: bool, offset: int, length: int, checksum: int) -> None:
         self.f.write(MANIFEST_ENTRY.pack(member, 1 if is_zero else 0, offset, length, checksum))
@@ -46,7 +47,8 @@ class PlanWriter:
 
     def close(self) -> None:
         self.f.flush()
-        os.fsync(self.f.fileno())
+        if self.durable:
+            os.fsync(self.f.fileno())
         self.f.close()
 
 

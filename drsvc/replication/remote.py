@@ -216,6 +216,7 @@ class ApplySession:
         self.chan = LimitedChannel(self.raw, TokenBucket(self.bwlimit)) if self.bwlimit else self.raw
         self.reader = reader_for(self.peer, self.chan)
         self._clean, self._in_tx, self._pending = True, False, 0
+        self._ready_due = False   # a pipelined begin's `ready` is still to be read
         self._talked = False      # anything beyond the first status exchange
 
     @property
@@ -295,9 +296,16 @@ class ApplySession:
             self._clean = False
             raise
 
-    def begin(self, tx: dict) -> dict:
+    def begin(self, tx: dict, *, wait: bool = True) -> dict | None:
+        """Open the transaction. wait=False pipelines it: records and the commit follow at
+        once and the `ready` reply is read by commit(). Only for a new txid, of which the
+        peer cannot hold journaled records (nothing to skip); a refusal (base mismatch,
+        primary replica, ...) still surfaces, typed, when a send fails or at commit."""
         self._talked = self._in_tx = True
         self.send_control(dict(tx, type="begin", unit=self.unit_id, version=protocol.VERSION))
+        if not wait:
+            self._ready_due = True
+            return None
         return self._read("ready")
 
     def restart(self) -> dict:
@@ -306,6 +314,12 @@ class ApplySession:
 
     def commit(self, records: int, manifest: str) -> dict:
         self.send_control({"type": "commit", "records": records, "manifest": manifest})
+        if self._ready_due:
+            ready = self._read("ready")
+            self._ready_due = False
+            if int(ready.get("resume_records") or 0):
+                self._clean = False
+                raise StreamCorrupt(reason=f"the peer resumed a new transaction at record {ready['resume_records']}")
         reply = self._read("committed")
         self._in_tx = False
         return reply
