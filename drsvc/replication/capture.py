@@ -146,6 +146,7 @@ def capture(layout, members, dest: Path, mountpoints=(), bases: dict | None = No
             log.info("FIEMAP unavailable on %s (%s): full capture", base, e)
     out: dict[str, Captured] = {}
     checks = {}
+    later = []                       # files an overlay writes once the freeze is over
     t0 = time.monotonic()
     with frozen(mountpoints):
         t_frozen = time.monotonic()
@@ -154,7 +155,7 @@ def capture(layout, members, dest: Path, mountpoints=(), bases: dict | None = No
             if vol in base_ext:
                 try:
                     out[vol], checks[vol] = _overlay(src, dest, vol, base_ext[vol], block_size,
-                                                     settle=not mountpoints)
+                                                     settle=not mountpoints, later=later)
                     continue
                 except FileNotFoundError:
                     raise VolumeNotFound(volume_id=vol) from None
@@ -163,6 +164,8 @@ def capture(layout, members, dest: Path, mountpoints=(), bases: dict | None = No
                         raise
             out[vol] = _full(src, dest, vol)
         t_thaw = time.monotonic()
+    for write in later:
+        write()
     if timings is not None:
         timings["freeze_s"] = round(t_thaw - t_frozen, 4)
         timings["capture_s"] = round(time.monotonic() - t0, 4)
@@ -191,7 +194,9 @@ SETTLE_POLL_S = 0.001      # the coarse clock ticks every 1-10 ms (CONFIG_HZ)
 SETTLE_MAX_S = 0.015
 
 
-def _overlay(src: Path, dest: Path, vol: str, base, bs: int, *, settle: bool = True):
+def _overlay(src: Path, dest: Path, vol: str, base, bs: int, *, settle: bool = True, later: list):
+    """Clone the ranges of *src* whose mapping differs from the base into ``<vol>.delta``;
+    the range and extent files it needs are appended to *later* (written after the thaw)."""
     base_extents, base_size = base
     fd = os.open(src, os.O_RDONLY)
     try:
@@ -222,9 +227,9 @@ def _overlay(src: Path, dest: Path, vol: str, base, bs: int, *, settle: bool = T
             os.close(dfd)
     finally:
         os.close(fd)
-    _ranges_file(dest / f"{vol}.ranges", clone)
-    _ranges_file(dest / f"{vol}.clear", ms.clear)
-    save_extents(dest / f"{vol}.extents", new_extents, size)
+    later.append(lambda: (_ranges_file(dest / f"{vol}.ranges", clone),
+                          _ranges_file(dest / f"{vol}.clear", ms.clear),
+                          save_extents(dest / f"{vol}.extents", new_extents, size)))
     return Captured(vol, path, True, overlay=True, scan=ms, cloned=len(clone)), (st.st_mtime_ns, size)
 
 

@@ -370,6 +370,7 @@ def receive_transaction(layout: PoolLayout, reader: FrameReader, out: Out, tx: d
             # and a committed journal whose txid state.json already holds is only discarded by
             # recover() (never applied again), here or at the next contact if we die first. The
             # unit lock is still held, so no other request sees the journal in between.
+            failpoint("receiver.after_reply")
             j.discard()
             return Journal(layout, tx["unit"])
     except BaseException:

@@ -257,6 +257,9 @@ class ApplySession:
         """If the receiver stopped because it refused something, raise its typed error."""
         try:
             msg = self.reader.control()
+            if msg["type"] == "ready" and self._ready_due:     # a pipelined begin's reply
+                self._ready_due = False
+                msg = self.reader.control()
         except DrsvcError as e:
             if getattr(e, "remote", False):
                 raise
