@@ -58,6 +58,13 @@ def _give(key, chan) -> None:
     chan.close()
 
 
+def has_idle(peer) -> bool:
+    """Whether a warm receiver of *peer*'s session is waiting (not checked for liveness)."""
+    key = peer.session_key
+    with _LOCK:
+        return key is not None and bool(_IDLE.get(key))
+
+
 def discard_idle(key=None) -> int:
     """Close warm receivers (of one peer session, or all); returns how many."""
     with _LOCK:
