@@ -38,8 +38,24 @@ def fsync_dirs(*paths: Path) -> None:
         fsync_dir(path)
 
 
-def atomic_write_bytes(path: Path, data: bytes, *, sync_dir: bool = True) -> None:
-    """Write *data* to *path* atomically; with ``sync_dir=False`` the caller fsyncs the directory."""
+def fsync_files(paths, *, directory: Path | None = None) -> None:
+    """One durability barrier for files written without fsync, then *directory*, which
+    names them. Sequential: concurrent fsyncs measured slower here (thread wake-ups on a
+    busy 2-core host cost more than the log forces they could share)."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    if directory is not None:
+        fsync_dir(directory)
+
+
+def atomic_write_bytes(path: Path, data: bytes, *, sync_dir: bool = True, durable: bool = True) -> None:
+    """Write *data* to *path* whole via a temp file and a rename. ``sync_dir=False``: the
+    caller fsyncs the directory (:func:`fsync_dirs`). ``durable=False`` skips both fsyncs,
+    for files in a private directory that a later barrier (:func:`fsync_files`) makes durable."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -47,20 +63,22 @@ def atomic_write_bytes(path: Path, data: bytes, *, sync_dir: bool = True) -> Non
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    if sync_dir:
+    if sync_dir and durable:
         fsync_dir(path.parent)
 
 
-def write_doc(path: Path, doc: dict, *, sync_dir: bool = True) -> None:
+def write_doc(path: Path, doc: dict, *, sync_dir: bool = True, durable: bool = True) -> None:
     body = dict(doc)
     body["schema"] = SCHEMA_VERSION
-    atomic_write_bytes(path, json.dumps(body, sort_keys=True, indent=1).encode(), sync_dir=sync_dir)
+    atomic_write_bytes(path, json.dumps(body, sort_keys=True, indent=1).encode(), sync_dir=sync_dir,
+                       durable=durable)
 
 
 class StagedDoc:

@@ -17,14 +17,16 @@ made during the capture, not the whole change. The **pre-copy**, before the
 freeze, maps the live image and clones every range that differs from the base.
 Those ranges then share their blocks with the delta file, so a later write to
 any of them moves its mapping (copy on write), as a write to a block still shared
-with the base does. Inside the freeze, a second FIEMAP, diffed against the
-pre-copy's, names exactly the ranges written since: only they are cloned again.
-The generation's ranges and holes are planned from the second map against the
-base, as a single pass would.
+with the base does. Inside the freeze, when the image's mtime has not moved since
+the pre-copy's map, nothing was written and nothing is done; otherwise a second
+FIEMAP, diffed against the pre-copy's, names exactly the ranges written since,
+and only they are cloned again. The generation's ranges and holes are planned
+from the last map against the base, as a single pass would.
 
+Files are written without fsync; the caller makes *dest* durable at one barrier.
 All members are captured inside one freeze of every mountpoint (freeze all,
 capture all, thaw all). Without a mountpoint to freeze, an overlay capture is
-only kept when the image's mtime shows no write landed between its second FIEMAP
+only kept when the image's mtime shows no write landed between its last FIEMAP
 and its last clone; otherwise that member is captured full (one atomic FICLONE).
 """
 from __future__ import annotations
@@ -61,10 +63,8 @@ class Captured:
 def _ranges_file(path: Path, intervals) -> None:
     import numpy as np
     a = np.asarray(intervals, dtype=np.int64).reshape(-1, 2)   # the file holds native int64 pairs
-    with open(path, "wb") as f:
+    with open(path, "wb") as f:      # durable at prepare's barrier, outside the freeze
         f.write(a.tobytes())
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def read_ranges(path: Path) -> list[tuple[int, int]]:
@@ -157,6 +157,7 @@ def capture(layout, members, dest: Path, mountpoints=(), bases: dict | None = No
             log.info("FIEMAP unavailable on %s (%s): full capture", base, e)
     out: dict[str, Captured] = {}
     checks = {}
+    later = []                       # files an overlay writes once the freeze is over
     t0 = time.monotonic()
     pre = {}
     for vol in base_ext:             # pre-copy: the bulk of the clones, before the freeze
@@ -175,7 +176,7 @@ def capture(layout, members, dest: Path, mountpoints=(), bases: dict | None = No
             if vol in base_ext:
                 try:
                     out[vol], checks[vol] = _overlay(src, dest, vol, base_ext[vol], block_size,
-                                                     pre=pre.get(vol))
+                                                     settle=not mountpoints, later=later, pre=pre.get(vol))
                     continue
                 except FileNotFoundError:
                     raise VolumeNotFound(volume_id=vol) from None
@@ -184,6 +185,8 @@ def capture(layout, members, dest: Path, mountpoints=(), bases: dict | None = No
                         raise
             out[vol] = _full(src, dest, vol)
         t_thaw = time.monotonic()
+    for write in later:
+        write()
     if timings is not None:
         timings["precopy_s"] = round(t_pre - t0, 4)
         timings["frozen_at"] = frozen_at            # the instant the generation holds
@@ -197,12 +200,8 @@ def capture(layout, members, dest: Path, mountpoints=(), bases: dict | None = No
                 for suffix in (".delta", ".ranges", ".clear", ".extents"):
                     (dest / f"{vol}{suffix}").unlink(missing_ok=True)
                 out[vol] = _full(layout.image(vol), dest, vol)
-    for c in out.values():      # durability after the thaw, so the freeze lasts only the clones
-        fd = os.open(c.path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    # Nothing here is fsynced: *dest* is private until the caller's one durability barrier
+    # (sender.prepare), after the thaw, so the freeze lasts only the FIEMAPs and clones.
     return out
 
 
@@ -214,11 +213,30 @@ def _full(src: Path, dest: Path, vol: str) -> Captured:
     return Captured(vol, dest / f"{vol}.img", reflinked)
 
 
+SETTLE_POLL_S = 0.001      # the coarse clock ticks every 1-10 ms (CONFIG_HZ)
+SETTLE_MAX_S = 0.015
+
+
+def _settled(fd: int, st):
+    """Wait until the coarse clock has passed the image's mtime, so any later write moves
+    it (a write in the tick of the last one would not); None when it keeps moving."""
+    waited = 0.0
+    while st.st_mtime_ns >= _coarse_now_ns():
+        if waited >= SETTLE_MAX_S:
+            return None
+        time.sleep(SETTLE_POLL_S)
+        waited += SETTLE_POLL_S
+        st = os.fstat(fd)
+    return st
+
+
 @dataclass
 class Precopy:
-    extents: object      # the live image's FIEMAP when the pre-copy cloned from it
+    extents: object              # the live image's FIEMAP the pre-copy cloned from
+    ms: planner.MemberScan       # and its plan against the base
     size: int
     cloned: int
+    mtime_ns: int | None         # the image's settled mtime before that FIEMAP (None: busy)
 
 
 def _precopy(src: Path, dest: Path, vol: str, base, bs: int) -> Precopy:
@@ -227,6 +245,8 @@ def _precopy(src: Path, dest: Path, vol: str, base, bs: int) -> Precopy:
     fd = os.open(src, os.O_RDONLY)
     try:
         st = os.fstat(fd)
+        settled = _settled(fd, st)
+        st = settled or os.fstat(fd)
         size = st.st_size
         extents = fiemap_array(fd, size)
         ms = planner.plan_from_extent_arrays(extents, base_extents, size, base_size, bs)
@@ -234,7 +254,7 @@ def _precopy(src: Path, dest: Path, vol: str, base, bs: int) -> Precopy:
         _clone_ranges(fd, dest / f"{vol}.delta", size, clone, create=True)
     finally:
         os.close(fd)
-    return Precopy(extents, size, len(clone))
+    return Precopy(extents, ms, size, len(clone), st.st_mtime_ns if settled else None)
 
 
 def _clone_ranges(fd: int, path: Path, size: int, ranges, *, create: bool) -> None:
@@ -249,39 +269,45 @@ def _clone_ranges(fd: int, path: Path, size: int, ranges, *, create: bool) -> No
         os.close(dfd)
 
 
-def _overlay(src: Path, dest: Path, vol: str, base, bs: int, pre: Precopy | None = None):
+def _overlay(src: Path, dest: Path, vol: str, base, bs: int, *, settle: bool = True, later: list,
+             pre: Precopy | None = None):
+    """The frozen pass: clone into ``<vol>.delta`` what the pre-copy (if any) has not;
+    the range and extent files it needs are appended to *later* (written after the thaw)."""
     base_extents, base_size = base
     fd = os.open(src, os.O_RDONLY)
     try:
         st = os.fstat(fd)
-        for _ in range(3):       # written this very tick? a later write might not move mtime
-            if st.st_mtime_ns < _coarse_now_ns():
-                break
-            time.sleep(0.005)
-            st = os.fstat(fd)
-        else:
-            raise OSError(errno.EINVAL, "image is being written: capture it whole")
+        # Unfrozen (settle): the mtime check after the thaw must see any write that lands
+        # after our FIEMAP. Frozen, no write can land and there is no mtime check, so no
+        # wait (the freeze stays short).
+        if settle:
+            st = _settled(fd, st)
+            if st is None:
+                raise OSError(errno.EINVAL, "image is being written: capture it whole")
         size = st.st_size
-        new_extents = fiemap_array(fd, size)
-        ms = planner.plan_from_extent_arrays(new_extents, base_extents, size, base_size, bs)
         fs_block = max(st.st_blksize, 4096)
         path = dest / f"{vol}.delta"
-        if pre is not None and pre.size == size:
-            # only what was written since the pre-copy: its mapping moved
-            since = planner.plan_from_extent_arrays(new_extents, pre.extents, size, size, bs)
-            clone, cloned_before = _round_out(since.scan, fs_block, size), pre.cloned
+        if pre is not None and pre.size == size and pre.mtime_ns == st.st_mtime_ns:
+            new_extents, ms, clone = pre.extents, pre.ms, []      # not written since the pre-copy
         else:
-            path.unlink(missing_ok=True)        # resized since the pre-copy: one pass, frozen
-            clone, cloned_before = _round_out(ms.scan, fs_block, size), 0
+            new_extents = fiemap_array(fd, size)
+            ms = planner.plan_from_extent_arrays(new_extents, base_extents, size, base_size, bs)
+            if pre is not None and pre.size == size:
+                # only what was written since the pre-copy: its mapping moved
+                since = planner.plan_from_extent_arrays(new_extents, pre.extents, size, size, bs)
+                clone = _round_out(since.scan, fs_block, size)
+            else:
+                path.unlink(missing_ok=True)        # resized since the pre-copy: one pass, frozen
+                pre = None
+                clone = _round_out(ms.scan, fs_block, size)
         _clone_ranges(fd, path, size, clone, create=not path.exists())
     finally:
         os.close(fd)
-    ranges = _round_out(ms.scan, fs_block, size)
-    _ranges_file(dest / f"{vol}.ranges", ranges)
-    _ranges_file(dest / f"{vol}.clear", ms.clear)
-    save_extents(dest / f"{vol}.extents", new_extents, size)
-    return (Captured(vol, path, True, overlay=True, scan=ms, cloned=cloned_before + len(clone)),
-            (st.st_mtime_ns, size))
+    cloned = len(clone) + (pre.cloned if pre is not None else 0)
+    later.append(lambda: (_ranges_file(dest / f"{vol}.ranges", _round_out(ms.scan, fs_block, size)),
+                          _ranges_file(dest / f"{vol}.clear", ms.clear),
+                          save_extents(dest / f"{vol}.extents", new_extents, size)))
+    return Captured(vol, path, True, overlay=True, scan=ms, cloned=cloned), (st.st_mtime_ns, size)
 
 
 def roll_forward(base_img: Path, overlay_dir: Path, vol: str, size: int) -> None:

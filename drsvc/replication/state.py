@@ -43,7 +43,9 @@ class UnitState:
     received: list = field(default_factory=list)  # receiver: receive records, newest last (health.py)
 
     def to_doc(self) -> dict:
-        return dataclasses.asdict(self)
+        # shallow: the document is serialized at once (asdict's deep copy of the reports
+        # cost more than the rest of save_state but the fsync)
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     @classmethod
     def from_doc(cls, doc: dict, path="state.json") -> UnitState:

@@ -85,6 +85,15 @@ def test_syncs_share_one_login_and_one_receiver(site):
     assert r.phases["connect_s"] < 10
 
 
+def test_login_socket_sends_small_packets_at_once(site):
+    """TCP_NODELAY on the login's socket: a small SSH packet (a record after another,
+    the commit after the last record) must not wait for the peer's delayed ACK."""
+    import socket
+    peer, _ = _sync(site, 0)
+    sock = peer.connect().get_transport().sock
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+
+
 def test_dropped_connection_between_syncs_is_replaced(site):
     _sync(site, 0)
     (conn,) = connections(site.proc.pid)
