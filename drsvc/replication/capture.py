@@ -15,6 +15,8 @@ Two ways, chosen per member:
 An overlay capture runs in two passes, so the frozen window follows the writes
 made during the capture, not the whole change. The **pre-copy**, before the
 freeze, maps the live image and clones every range that differs from the base.
+(Before it, each mounted filesystem is synced, unfrozen, so the data it held
+dirty is in the images and in the pre-copy, not left for the freeze to flush.)
 Those ranges then share their blocks with the delta file, so a later write to
 any of them moves its mapping (copy on write), as a write to a block still shared
 with the base does. Inside the freeze, when the image's mtime has not moved since
@@ -42,7 +44,7 @@ from pathlib import Path
 
 from ..errors import VolumeNotFound
 from ..host.fiemap import fiemap_array
-from ..host.freeze import frozen
+from ..host.freeze import frozen, write_back
 from ..host.reflink import clone_file, clone_range
 from . import plan as planner
 
@@ -160,6 +162,8 @@ def capture(layout, members, dest: Path, mountpoints=(), bases: dict | None = No
     later = []                       # files an overlay writes once the freeze is over
     t0 = time.monotonic()
     pre = {}
+    if base_ext:
+        write_back(mountpoints)      # what the filesystems hold dirty reaches the images unfrozen
     for vol in base_ext:             # pre-copy: the bulk of the clones, before the freeze
         try:
             pre[vol] = _precopy(layout.image(vol), dest, vol, base_ext[vol], block_size)
