@@ -65,14 +65,19 @@ def slot_at_or_before(now: float, interval: int, ph: float) -> float:
     return ph + math.floor((now - ph) / interval) * interval
 
 
-def catch_up(missed: list[tuple[str, float]], now: float) -> dict[str, float]:
-    """New run times for runs a scheduler missed (while no leader was up): replayed in the
-    order they were due and at the pace they were due, from *now*, so a takeover brings
-    neither a burst (every late unit at once) nor a gap (skipping them to their next slot)."""
+def catch_up(missed: list[tuple[str, float, int]], now: float) -> dict[str, float]:
+    """New run times for runs a scheduler missed (while no leader was up), given as
+    (job, when it was due, its interval): replayed in the order they were due and at the
+    pace they were due, from *now*, so a takeover brings neither a burst (every late unit
+    at once) nor a gap (skipping them to their next slot). A longer outage is compressed
+    into the shortest interval among them, so no unit waits more than one of those."""
     if not missed:
         return {}
-    first = min(due for _, due in missed)
-    return {job: now + (due - first) for job, due in sorted(missed, key=lambda m: (m[1], m[0]))}
+    first = min(due for _, due, _ in missed)
+    span = max(due for _, due, _ in missed) - first
+    window = min(span, min(interval for _, _, interval in missed))
+    scale = window / span if span > 0 else 0.0
+    return {job: now + (due - first) * scale for job, due, _ in sorted(missed, key=lambda m: (m[1], m[0]))}
 
 
 @dataclass(frozen=True)

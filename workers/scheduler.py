@@ -100,13 +100,15 @@ class SiteScheduler:
         """Runs missed while no scheduler led (a leader change, a restart) are replayed at
         the pace they were due (drsvc.schedule.catch_up), not all at once."""
         now = time.time()
-        missed = [(job.id, job.next_run_time.timestamp()) for job in self.sched.get_jobs()
+        missed = [(job.id, job.next_run_time.timestamp(), int(job.trigger.interval.total_seconds()))
+                  for job in self.sched.get_jobs()
                   if job.next_run_time is not None and job.next_run_time.timestamp() < now]
-        for job_id, when in catch_up(missed, now).items():
+        replay = catch_up(missed, now)
+        for job_id, when in replay.items():
             self.sched.modify_job(job_id, next_run_time=datetime.fromtimestamp(when, UTC))
-        if missed:
-            log.info("taking over: %d missed run(s) replayed over %.1fs", len(missed),
-                     max(d for _, d in missed) - min(d for _, d in missed))
+        if replay:
+            log.info("taking over: %d missed run(s) replayed over %.1fs", len(replay),
+                     max(replay.values()) - now)
 
     def _resign(self) -> None:
         if self.sched is not None:

@@ -47,7 +47,13 @@ def test_slot_and_catch_up():
     assert slot_at_or_before(1000.0, 60, 7.0) == 967.0
     assert slot_at_or_before(967.0, 60, 7.0) == 967.0
     # runs missed while no leader was up: replayed in due order, at the pace they were due
-    new = catch_up([("c", 130.0), ("a", 100.0), ("b", 112.5)], now=200.0)
+    new = catch_up([("c", 130.0, 60), ("a", 100.0, 60), ("b", 112.5, 60)], now=200.0)
     assert list(new) == ["a", "b", "c"]
     assert new == {"a": 200.0, "b": 212.5, "c": 230.0}
     assert catch_up([], now=1.0) == {}
+    # a long outage (a daily unit missed hours ago beside 60 s units) is compressed into the
+    # shortest interval: no unit waits an hour for its replay
+    new = catch_up([("daily", 0.0, 86400), ("m1", 7000.0, 60), ("m2", 7200.0, 60)], now=10_000.0)
+    assert list(new) == ["daily", "m1", "m2"]
+    assert new["daily"] == 10_000.0 and new["m2"] == pytest.approx(10_060.0)
+    assert 10_000.0 < new["m1"] < new["m2"]
