@@ -75,7 +75,8 @@ def test_slow_peer_leaves_a_process_to_the_other_peer(lab3):
     most = 0
     deadline = time.monotonic() + 60
     while _syncs(sa, fast) < start + 3:
-        assert time.monotonic() < deadline, "syncs to b waited behind the slow peer"
+        assert time.monotonic() < deadline, ("syncs to b waited behind the slow peer; a's worker log:\n"
+                                             + sa.run.log_file("worker").read_text()[-6000:])
         most = max(most, len(slots.holders(r, cfg.site, "c")))
         time.sleep(0.5)
     pending = [v for v in slow if not ((st := find_state(sc.pool, v)) and st.generation >= 1)]
