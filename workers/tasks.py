@@ -40,13 +40,14 @@ def sync_marker(site: str, unit_id: str) -> str:
 def register(app) -> None:
     cfg = app.drsvc_config
 
-    def _take_slot(r, peer: str, holder: str) -> bool:
-        cap = cfg.peer_sync_slots(peer, app.conf.worker_concurrency or 2)
+    def _take_slot(r, peer: str, task_id: str):
+        """A held slot of *peer* (None: every slot is busy)."""
+        slot = slots.Slot(r, cfg.site, peer, ttl=cfg.visibility_timeout, label=task_id)
         try:
-            return slots.acquire(r, cfg.site, peer, holder, cap=cap, ttl=cfg.visibility_timeout)
+            return slot if slot.acquire(cfg.peer_sync_slots(peer, app.conf.worker_concurrency or 2)) else None
         except redis.RedisError as e:      # the sync needs no Redis: run it uncapped
             log.warning("peer sync slots unavailable (%s): running uncapped", type(e).__name__)
-            return True
+            return slots.Slot(r, cfg.site, peer, ttl=cfg.visibility_timeout)
 
     def make(op: str):
         @app.task(name=f"drsvc.{op}", bind=True, acks_late=True, max_retries=8)
@@ -57,7 +58,8 @@ def register(app) -> None:
             slot = None
             try:
                 if op == "sync" and (peer := jobs.peer_of(unit_id)):
-                    if not _take_slot(r, peer, self.request.id):
+                    slot = _take_slot(r, peer, self.request.id)
+                    if slot is None:
                         # every slot of this peer is busy (a slow peer): leave the process to
                         # other peers' syncs and come back; same task id, so a caller waiting
                         # on it still gets the result
@@ -65,7 +67,6 @@ def register(app) -> None:
                         self.apply_async(args=[unit_id], kwargs=kwargs, task_id=self.request.id,
                                          countdown=1.0 + random.random(), queue=cfg.queue_for(op))
                         raise Ignore()
-                    slot = peer
                 out = getattr(jobs, f"run_{op}")(unit_id, **kwargs)
                 return {"ok": True, **(out or {})}
             except Ignore:
@@ -84,9 +85,9 @@ def register(app) -> None:
             finally:
                 if slot is not None:
                     try:
-                        slots.release(r, cfg.site, slot, self.request.id)
+                        slot.release()
                     except redis.RedisError as e:
-                        log.warning("could not release the %s sync slot (it lapses): %s", slot, e)
+                        log.warning("could not release sync slot %s (it lapses): %s", slot.holder, e)
                 if not retrying:
                     try:
                         inflight.release(r, cfg.site, unit_id, self.request.id)
