@@ -34,10 +34,10 @@ from .errors import (ConfigInvalid, ConfigNotFound, PeerNotFound, PeerRequired, 
 from .ids import check_id
 
 
-# The keys each transport needs in its [peers.<name>] table (drsvc.replication.peers builds it).
 # operations that move data (the data queue); every other operation is control
 DATA_OPS = frozenset({"sync"})
 
+# The keys each transport needs in its [peers.<name>] table (drsvc.replication.peers builds it).
 TRANSPORT_KEYS = {"ssh": ("host", "known_hosts", "key"), "local": ("pool",)}
 
 
@@ -142,9 +142,12 @@ def _peer(name: str, p: dict, where: str, rel) -> PeerConfig:
 
     def path(key: str) -> Path | None:
         return rel(p[key]) if p.get(key) else None
+    max_syncs = p.get("max_syncs", 0)
+    if not isinstance(max_syncs, int) or isinstance(max_syncs, bool) or max_syncs < 0:
+        raise ConfigInvalid(where=where, reason=f"max_syncs must be a whole number >= 0, not {max_syncs!r}")
     return PeerConfig(name=name, host=p.get("host", ""), port=int(p.get("port", 22)), user=p.get("user", "root"),
                       known_hosts=path("known_hosts"), key=path("key"), transport=transport, pool=path("pool"),
-                      max_syncs=int(p.get("max_syncs", 0)))
+                      max_syncs=max_syncs)
 
 
 def parse(doc: dict, path: Path | None = None) -> SiteConfig:

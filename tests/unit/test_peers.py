@@ -32,6 +32,8 @@ def test_local_transport_needs_only_the_peer_pool():
     ({"transport": "carrier-pigeon"}, "unknown transport 'carrier-pigeon'"),
     ({"host": "h", "key": "k"}, "missing key 'known_hosts'"),
     ({"transport": "local"}, "missing key 'pool'"),
+    ({"transport": "local", "pool": "/p", "max_syncs": -1}, "max_syncs must be a whole number"),
+    ({"transport": "local", "pool": "/p", "max_syncs": "2"}, "max_syncs must be a whole number"),
 ])
 def test_bad_peer_tables_are_refused_at_load(table, needle):
     with pytest.raises(ConfigInvalid, match=needle):
@@ -51,3 +53,15 @@ def test_peer_lookup_errors_are_named():
         cfg.peer("z")
     injected = PeerFactory(cfg, connect=lambda name: LocalPeer("/x", name=f"t-{name}"))
     assert injected("b").name == "t-b"
+
+
+def test_per_peer_sync_slots():
+    """Issue 13: with several peers, one peer holds at most all but one worker process
+    (max_syncs overrides); with one peer there is no cap."""
+    one = parse({**BASE, "peers": {"b": {"transport": "local", "pool": "/p"}}})
+    assert one.peer_sync_slots("b", 2) == 0
+    two = parse({**BASE, "peers": {"b": {"transport": "local", "pool": "/p"},
+                                   "c": {"transport": "local", "pool": "/q", "max_syncs": 3}}})
+    assert two.peer_sync_slots("b", 2) == 1 and two.peer_sync_slots("b", 8) == 7
+    assert two.peer_sync_slots("c", 2) == 3
+    assert two.queue_for("sync") == "drsvc.a" and two.queue_for("demote") == "drsvc.a.control"
