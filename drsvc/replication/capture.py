@@ -13,22 +13,21 @@ Two ways, chosen per member:
   (``roll_forward``). Its cost is one FIEMAP of the live image plus the change.
 
 An overlay capture runs in two passes, so the frozen window follows the writes
-made during the capture, not the whole change. The **pre-copy**, before the
-freeze, maps the live image and clones every range that differs from the base.
-(Before it, each mounted filesystem is synced, unfrozen, so the data it held
-dirty is in the images and in the pre-copy, not left for the freeze to flush.)
-Those ranges then share their blocks with the delta file, so a later write to
-any of them moves its mapping (copy on write), as a write to a block still shared
-with the base does. Inside the freeze, when the image's mtime has not moved since
-the pre-copy's map, nothing was written and nothing is done; otherwise a second
-FIEMAP, diffed against the pre-copy's, names exactly the ranges written since,
-and only they are cloned again. The generation's ranges and holes are planned
-from the last map against the base, as a single pass would.
+made during the capture, not the whole change. Before it, each mounted
+filesystem is synced (syncfs, unfrozen), so the data it held dirty is in the
+images. The **pre-copy**, before the freeze, maps the live image and clones
+every range that differs from the base. Those ranges then share their blocks
+with the delta file, so a later write to any of them moves its mapping (copy on
+write), as a write to a block still shared with the base does. Inside the
+freeze, when the image's mtime has not moved since the pre-copy's map, nothing
+was written and nothing is done; otherwise a second FIEMAP, diffed against the
+pre-copy's, names exactly the ranges written since, and only they are cloned
+again. The generation's ranges and holes are planned from the last map against
+the base, as a single pass would; the range files are written after the thaw.
 
-Files are written without fsync; the caller makes *dest* durable at one barrier.
 All members are captured inside one freeze of every mountpoint (freeze all,
 capture all, thaw all). Without a mountpoint to freeze, an overlay capture is
-only kept when the image's mtime shows no write landed between its last FIEMAP
+only kept when the image's mtime shows no write landed between its second FIEMAP
 and its last clone; otherwise that member is captured full (one atomic FICLONE).
 """
 from __future__ import annotations
@@ -65,8 +64,10 @@ class Captured:
 def _ranges_file(path: Path, intervals) -> None:
     import numpy as np
     a = np.asarray(intervals, dtype=np.int64).reshape(-1, 2)   # the file holds native int64 pairs
-    with open(path, "wb") as f:      # durable at prepare's barrier, outside the freeze
+    with open(path, "wb") as f:
         f.write(a.tobytes())
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def read_ranges(path: Path) -> list[tuple[int, int]]:
@@ -159,7 +160,7 @@ def capture(layout, members, dest: Path, mountpoints=(), bases: dict | None = No
             log.info("FIEMAP unavailable on %s (%s): full capture", base, e)
     out: dict[str, Captured] = {}
     checks = {}
-    later = []                       # files an overlay writes once the freeze is over
+    later = []                       # range and extent files, written once the freeze is over
     t0 = time.monotonic()
     pre = {}
     if base_ext:
@@ -180,7 +181,7 @@ def capture(layout, members, dest: Path, mountpoints=(), bases: dict | None = No
             if vol in base_ext:
                 try:
                     out[vol], checks[vol] = _overlay(src, dest, vol, base_ext[vol], block_size,
-                                                     settle=not mountpoints, later=later, pre=pre.get(vol))
+                                                     pre=pre.get(vol), later=later)
                     continue
                 except FileNotFoundError:
                     raise VolumeNotFound(volume_id=vol) from None
@@ -204,8 +205,12 @@ def capture(layout, members, dest: Path, mountpoints=(), bases: dict | None = No
                 for suffix in (".delta", ".ranges", ".clear", ".extents"):
                     (dest / f"{vol}{suffix}").unlink(missing_ok=True)
                 out[vol] = _full(layout.image(vol), dest, vol)
-    # Nothing here is fsynced: *dest* is private until the caller's one durability barrier
-    # (sender.prepare), after the thaw, so the freeze lasts only the FIEMAPs and clones.
+    for c in out.values():      # durability after the thaw, so the freeze lasts only the clones
+        fd = os.open(c.path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     return out
 
 
@@ -217,23 +222,6 @@ def _full(src: Path, dest: Path, vol: str) -> Captured:
     return Captured(vol, dest / f"{vol}.img", reflinked)
 
 
-SETTLE_POLL_S = 0.001      # the coarse clock ticks every 1-10 ms (CONFIG_HZ)
-SETTLE_MAX_S = 0.015
-
-
-def _settled(fd: int, st):
-    """Wait until the coarse clock has passed the image's mtime, so any later write moves
-    it (a write in the tick of the last one would not); None when it keeps moving."""
-    waited = 0.0
-    while st.st_mtime_ns >= _coarse_now_ns():
-        if waited >= SETTLE_MAX_S:
-            return None
-        time.sleep(SETTLE_POLL_S)
-        waited += SETTLE_POLL_S
-        st = os.fstat(fd)
-    return st
-
-
 @dataclass
 class Precopy:
     extents: object              # the live image's FIEMAP the pre-copy cloned from
@@ -243,13 +231,23 @@ class Precopy:
     mtime_ns: int | None         # the image's settled mtime before that FIEMAP (None: busy)
 
 
+def _settled(fd: int, st):
+    """Wait until the coarse clock has passed the image's mtime, so any later write moves
+    it (a write in the tick of the last one would not); None when it keeps moving."""
+    for _ in range(3):
+        if st.st_mtime_ns < _coarse_now_ns():
+            return st
+        time.sleep(0.005)
+        st = os.fstat(fd)
+    return None
+
+
 def _precopy(src: Path, dest: Path, vol: str, base, bs: int) -> Precopy:
     """Clone every range that differs from the base into ``<vol>.delta``, unfrozen."""
     base_extents, base_size = base
     fd = os.open(src, os.O_RDONLY)
     try:
-        st = os.fstat(fd)
-        settled = _settled(fd, st)
+        settled = _settled(fd, os.fstat(fd))
         st = settled or os.fstat(fd)
         size = st.st_size
         extents = fiemap_array(fd, size)
@@ -273,21 +271,15 @@ def _clone_ranges(fd: int, path: Path, size: int, ranges, *, create: bool) -> No
         os.close(dfd)
 
 
-def _overlay(src: Path, dest: Path, vol: str, base, bs: int, *, settle: bool = True, later: list,
-             pre: Precopy | None = None):
-    """The frozen pass: clone into ``<vol>.delta`` what the pre-copy (if any) has not;
-    the range and extent files it needs are appended to *later* (written after the thaw)."""
+def _overlay(src: Path, dest: Path, vol: str, base, bs: int, pre: Precopy | None = None, *, later: list):
+    """The frozen pass: clone into ``<vol>.delta`` what the pre-copy (if any) has not; the
+    range and extent files are appended to *later* (written after the thaw)."""
     base_extents, base_size = base
     fd = os.open(src, os.O_RDONLY)
     try:
-        st = os.fstat(fd)
-        # Unfrozen (settle): the mtime check after the thaw must see any write that lands
-        # after our FIEMAP. Frozen, no write can land and there is no mtime check, so no
-        # wait (the freeze stays short).
-        if settle:
-            st = _settled(fd, st)
-            if st is None:
-                raise OSError(errno.EINVAL, "image is being written: capture it whole")
+        st = _settled(fd, os.fstat(fd))
+        if st is None:
+            raise OSError(errno.EINVAL, "image is being written: capture it whole")
         size = st.st_size
         fs_block = max(st.st_blksize, 4096)
         path = dest / f"{vol}.delta"

@@ -36,10 +36,9 @@ class ScanStats:
 
 
 class PlanWriter:
-    def __init__(self, path, *, durable: bool = True):
+    def __init__(self, path):
         self.f = open(path, "wb", buffering=1 << 20)  # noqa: SIM115 - the writer owns it; close() closes it
         self.count = 0
-        self.durable = durable      # False: the caller fsyncs it at its own barrier
 
     def add(self, member: int, is_zero: bool, offset: int, length: int, checksum: int) -> None:
         self.f.write(MANIFEST_ENTRY.pack(member, 1 if is_zero else 0, offset, length, checksum))
@@ -47,8 +46,7 @@ class PlanWriter:
 
     def close(self) -> None:
         self.f.flush()
-        if self.durable:
-            os.fsync(self.f.fileno())
+        os.fsync(self.f.fileno())
         self.f.close()
 
 
@@ -203,15 +201,6 @@ def manifest_of(plan_path, upto: int | None = None) -> ManifestChain:
 
 
 PIPELINE_DEPTH = 8        # frames read ahead of the channel (each <= CHUNK): bounded memory
-INLINE_BYTES = 1 << 20    # a plan whose records carry at most this much is read without a thread
-INLINE_RECORDS = 256
-
-
-def _small_plan(plan_path, limit: int) -> bool:
-    """Whether the plan has at most INLINE_RECORDS records carrying at most *limit* bytes."""
-    if os.path.getsize(plan_path) > INLINE_RECORDS * MANIFEST_ENTRY.size:
-        return False
-    return sum(length for _, z, _, length, _ in read_plan(plan_path) if not z) <= limit
 
 
 def stream_records(plan_path, fds: list[int], write, *, skip: int, codec: AdaptiveCodec,
@@ -237,15 +226,8 @@ def stream_records(plan_path, fds: list[int], write, *, skip: int, codec: Adapti
         except BaseException as e:   # re-raised by the writer
             frames.put(("error", e))
 
-    reader = None
-    if _small_plan(plan_path, INLINE_BYTES):
-        # a few KiB (the common idle sync): read here, ahead of writing, with no thread
-        # to start and hand frames over (at most INLINE_BYTES in memory)
-        frames = queue.Queue()
-        produce()
-    else:
-        reader = threading.Thread(target=produce, name="drsvc-read-records", daemon=True)
-        reader.start()
+    reader = threading.Thread(target=produce, name="drsvc-read-records", daemon=True)
+    reader.start()
     try:
         while True:
             item = frames.get()
@@ -259,7 +241,7 @@ def stream_records(plan_path, fds: list[int], write, *, skip: int, codec: Adapti
                 free.put(item[2])
     finally:
         stop.set()
-        while reader is not None and reader.is_alive():      # unblock a reader waiting on a full queue or for a buffer
+        while reader.is_alive():      # unblock a reader waiting on a full queue or for a buffer
             try:
                 while True:
                     frames.get_nowait()

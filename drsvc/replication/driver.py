@@ -14,7 +14,7 @@ import time
 
 from ..errors import PeerUnreachable
 from . import plan as planner
-from .remote import ApplySession, has_idle
+from .remote import ApplySession
 from .steps import Attempt, Job, plan_steps
 
 log = logging.getLogger(__name__)
@@ -71,23 +71,13 @@ def connect(a: Attempt) -> None:
         except BaseException as e:  # re-raised in the caller's thread
             opened["error"] = e
 
-    # A warm receiver is waiting: the request only queues a few bytes, so send it from
-    # here (no thread to start and join). Otherwise a login or a receiver start may take
-    # a while: open in a thread, overlapped with the capture.
-    opener = None
-    if has_idle(job.peer):
-        _open()
-        if "error" in opened:
-            raise opened["error"]
-    else:
-        opener = threading.Thread(target=_open, name=f"connect-{job.unit_id}", daemon=True)
-        opener.start()
+    opener = threading.Thread(target=_open, name=f"connect-{job.unit_id}", daemon=True)
+    opener.start()
     try:
         if a.pending is None and job.mode == "delta":
             a.early = a.prepare_delta()
     finally:
-        if opener is not None:
-            opener.join()
+        opener.join()
         a.session = opened.get("session")
     if "error" in opened:
         raise opened["error"]

@@ -176,8 +176,6 @@ class Journal:
 
     def discard(self) -> None:
         self.close()
-        self.tx = {}            # gone: status must not report it (recover() returns this object)
-        self.chain = ManifestChain()
         if self.dir.exists():
             # tx.json first, so a crash mid-removal leaves no journal that looks valid
             store.remove(self.dir / "tx.json")

@@ -363,15 +363,9 @@ def receive_transaction(layout: PoolLayout, reader: FrameReader, out: Out, tx: d
             failpoint("receiver.after_apply")
             st = record_generation(layout, tx, began=began, nbytes=nbytes)
             failpoint("receiver.after_state")
+            j.discard()
             out.control({"type": "committed", "generation": st.generation, "txid": tx["txid"],
                          "epoch": st.epoch, "cloned_bytes": applied.cloned, "copied_bytes": applied.copied})
-            # Dropping the journal is cleanup, done after the reply so its unlinks and fsyncs
-            # are off the sender's path: the images and state.json (txid = this one) are durable,
-            # and a committed journal whose txid state.json already holds is only discarded by
-            # recover() (never applied again), here or at the next contact if we die first. The
-            # unit lock is still held, so no other request sees the journal in between.
-            failpoint("receiver.after_reply")
-            j.discard()
             return Journal(layout, tx["unit"])
     except BaseException:
         # keep what arrived durable, so the next attempt resumes after it

@@ -58,13 +58,6 @@ def _give(key, chan) -> None:
     chan.close()
 
 
-def has_idle(peer) -> bool:
-    """Whether a warm receiver of *peer*'s session is waiting (not checked for liveness)."""
-    key = peer.session_key
-    with _LOCK:
-        return key is not None and bool(_IDLE.get(key))
-
-
 def discard_idle(key=None) -> int:
     """Close warm receivers (of one peer session, or all); returns how many."""
     with _LOCK:
@@ -223,7 +216,6 @@ class ApplySession:
         self.chan = LimitedChannel(self.raw, TokenBucket(self.bwlimit)) if self.bwlimit else self.raw
         self.reader = reader_for(self.peer, self.chan)
         self._clean, self._in_tx, self._pending = True, False, 0
-        self._ready_due = False   # a pipelined begin's `ready` is still to be read
         self._talked = False      # anything beyond the first status exchange
 
     @property
@@ -264,9 +256,6 @@ class ApplySession:
         """If the receiver stopped because it refused something, raise its typed error."""
         try:
             msg = self.reader.control()
-            if msg["type"] == "ready" and self._ready_due:     # a pipelined begin's reply
-                self._ready_due = False
-                msg = self.reader.control()
         except DrsvcError as e:
             if getattr(e, "remote", False):
                 raise
@@ -306,16 +295,9 @@ class ApplySession:
             self._clean = False
             raise
 
-    def begin(self, tx: dict, *, wait: bool = True) -> dict | None:
-        """Open the transaction. wait=False pipelines it: records and the commit follow at
-        once and the `ready` reply is read by commit(). Only for a new txid, of which the
-        peer cannot hold journaled records (nothing to skip); a refusal (base mismatch,
-        primary replica, ...) still surfaces, typed, when a send fails or at commit."""
+    def begin(self, tx: dict) -> dict:
         self._talked = self._in_tx = True
         self.send_control(dict(tx, type="begin", unit=self.unit_id, version=protocol.VERSION))
-        if not wait:
-            self._ready_due = True
-            return None
         return self._read("ready")
 
     def restart(self) -> dict:
@@ -324,12 +306,6 @@ class ApplySession:
 
     def commit(self, records: int, manifest: str) -> dict:
         self.send_control({"type": "commit", "records": records, "manifest": manifest})
-        if self._ready_due:
-            ready = self._read("ready")
-            self._ready_due = False
-            if int(ready.get("resume_records") or 0):
-                self._clean = False
-                raise StreamCorrupt(reason=f"the peer resumed a new transaction at record {ready['resume_records']}")
         reply = self._read("committed")
         self._in_tx = False
         return reply

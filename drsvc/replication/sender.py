@@ -48,6 +48,12 @@ class Prepared:
     meta: dict
 
 
+def _rmtree(path: Path) -> None:
+    if path.exists():
+        shutil.rmtree(path)
+        store.fsync_dir(path.parent)
+
+
 def load_pending(layout: PoolLayout, unit_id: str, acked: int) -> Prepared | None:
     d = layout.snap_dir(unit_id, acked + 1)
     meta = store.read_doc(d / "meta.json")
@@ -172,7 +178,7 @@ def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int,
     t_capture = time.monotonic() - t0
     captured_at = timings.get("frozen_at", captured_at)
     stats = ScanStats()
-    pw = PlanWriter(tmp / "plan.bin", durable=False)
+    pw = PlanWriter(tmp / "plan.bin")
     out_members = []
     used_fiemap = False
     try:
@@ -212,6 +218,7 @@ def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int,
                         ms, fiemapped = _member_scan(fd, size, base_img, base_size, bs, use_fiemap)
                     used_fiemap = used_fiemap or fiemapped
                     scan_member(idx, fd, size, base_map, new_map, from_base, ms, bs, pw, stats)
+                    new_map.fsync()
                 finally:
                     base_map.close()
                     new_map.close()
@@ -229,14 +236,7 @@ def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int,
             "ranges_cloned": sum(c.cloned for c in captured.values()),
             "plan_s": time.monotonic() - t0 - t_capture,
             "created_at": time.time(), "captured_at": captured_at, "complete": True}
-    store.write_doc(tmp / "meta.json", meta, durable=False)
-    # One durability barrier for the generation instead of an fsync per file. Nothing
-    # under tmp-<txid> is read after a crash (tmp dirs are swept, an early capture is
-    # dropped); the directory only counts once Ship renames it to snap/<G+1>, which comes
-    # after this returns. So the files (captured ranges, plan, block maps, meta.json) are
-    # written without fsync and made durable here together, with the directory. The
-    # cached extent maps are left out: a torn one fails its checksum and is ignored.
-    store.fsync_files([p for p in tmp.iterdir() if p.is_file() and p.suffix != ".extents"], directory=tmp)
+    store.write_doc(tmp / "meta.json", meta)
     return Prepared(tmp, meta)
 
 
@@ -259,10 +259,7 @@ def adopt(layout: PoolLayout, st: UnitState, prepared: Prepared, *, epoch: int, 
     save_state(layout.root, st)
     _roll(layout, st.unit_id, prepared.dir, meta)
     if old != st.generation:
-        # No fsync of snap/: state.json (durable) no longer names the old base, and a
-        # snapshot dir that is neither the acked base nor the pending one is swept at the
-        # next sync, so an old base that reappears after a power loss is harmless.
-        shutil.rmtree(layout.snap_dir(st.unit_id, old), ignore_errors=True)
+        _rmtree(layout.snap_dir(st.unit_id, old))
 
 
 def sync_unit(pool, unit_id: str, members, peer, *, mountpoints=(), epoch: int | None = None,
@@ -332,9 +329,7 @@ def stream(session: ApplySession, prepared: Prepared, report: SyncReport, *, uni
           "captured_at": meta.get("captured_at"),
           "members": [{k: m[k] for k in ("volume_id", "size", "base_size", "fresh")}
                       for m in meta["members"]]}
-    # A new generation (new txid) pipelines begin, records and commit: one round trip
-    # less. A resumed one waits for `ready`, which says how many records to skip.
-    ready = session.begin(tx, wait=report.resumed) or {}
+    ready = session.begin(tx)
     skip = int(ready.get("resume_records") or 0)
     if skip and (skip > meta["records"] or manifest_of(plan_path, skip).hexdigest() != ready.get("manifest")):
         log.warning("peer journal of %s does not match our plan; restarting it", unit_id)

@@ -43,9 +43,7 @@ class UnitState:
     received: list = field(default_factory=list)  # receiver: receive records, newest last (health.py)
 
     def to_doc(self) -> dict:
-        # shallow: the document is serialized at once (asdict's deep copy of the reports
-        # cost more than the rest of save_state but the fsync)
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_doc(cls, doc: dict, path="state.json") -> UnitState:
