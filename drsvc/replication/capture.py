@@ -181,7 +181,8 @@ def capture(layout, members, dest: Path, mountpoints=(), bases: dict | None = No
             if vol in base_ext:
                 try:
                     out[vol], checks[vol] = _overlay(src, dest, vol, base_ext[vol], block_size,
-                                                     pre=pre.get(vol), later=later)
+                                                     pre=pre.get(vol), later=later,
+                                                     settle=not mountpoints)
                     continue
                 except FileNotFoundError:
                     raise VolumeNotFound(volume_id=vol) from None
@@ -271,13 +272,16 @@ def _clone_ranges(fd: int, path: Path, size: int, ranges, *, create: bool) -> No
         os.close(dfd)
 
 
-def _overlay(src: Path, dest: Path, vol: str, base, bs: int, pre: Precopy | None = None, *, later: list):
+def _overlay(src: Path, dest: Path, vol: str, base, bs: int, pre: Precopy | None = None, *, later: list,
+             settle: bool = True):
     """The frozen pass: clone into ``<vol>.delta`` what the pre-copy (if any) has not; the
     range and extent files are appended to *later* (written after the thaw)."""
     base_extents, base_size = base
     fd = os.open(src, os.O_RDONLY)
     try:
-        st = _settled(fd, os.fstat(fd))
+        # Unfrozen (settle): the mtime check after the thaw must see any write that lands
+        # after our FIEMAP. Frozen, no write can land and there is no mtime check: no wait.
+        st = _settled(fd, os.fstat(fd)) if settle else os.fstat(fd)
         if st is None:
             raise OSError(errno.EINVAL, "image is being written: capture it whole")
         size = st.st_size
