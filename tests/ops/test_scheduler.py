@@ -17,7 +17,6 @@ import redis
 
 from drsvc import runner
 from drsvc.config import load
-from drsvc.lab import free_port, wait_port
 from drsvc.replication import health
 from drsvc.replication import state as unit_state
 from drsvc.replication.control import Control, save_control
@@ -29,25 +28,16 @@ UNITS = [f"vol-{i:024x}" for i in range(1, 61)]
 
 
 @pytest.fixture
-def site(tmp_path):
-    port = free_port()
-    with open(tmp_path / "redis.log", "wb") as log:
-        proc = runner.spawn(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(tmp_path)], stdout=log, stderr=log)
-    try:
-        wait_port(port)
-        pool = tmp_path / "pool"
-        pool.mkdir()
-        for u in UNITS:           # units enabled here as primary, as EnableVolumeReplication leaves them
-            unit_state.ensure_unit(pool, u, [u], kind="volume", role="primary", peer="b")
-            save_control(pool, Control(unit_id=u, kind="volume", members=[u], peer="b", interval=INTERVAL,
-                                       enabled_at=time.time()))
-        cfg_path = tmp_path / "site.toml"
-        cfg_path.write_text(f'site = "t"\npool = "{pool}"\nredis_url = "redis://127.0.0.1:{port}/0"\n')
-        yield load(cfg_path), redis.Redis(port=port)
-    finally:
-        proc.kill()
-        proc.wait()
+def site(tmp_path, redis_port):
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    for u in UNITS:           # units enabled here as primary, as EnableVolumeReplication leaves them
+        unit_state.ensure_unit(pool, u, [u], kind="volume", role="primary", peer="b")
+        save_control(pool, Control(unit_id=u, kind="volume", members=[u], peer="b", interval=INTERVAL,
+                                   enabled_at=time.time()))
+    cfg_path = tmp_path / "site.toml"
+    cfg_path.write_text(f'site = "t"\npool = "{pool}"\nredis_url = "redis://127.0.0.1:{redis_port}/0"\n')
+    return load(cfg_path), redis.Redis(port=redis_port)
 
 
 def _run(cfg):

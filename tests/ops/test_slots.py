@@ -6,26 +6,8 @@ from __future__ import annotations
 
 import time
 
-import pytest
-import redis
 
-from drsvc import runner
-from drsvc.lab import free_port, wait_port
 from workers import slots
-
-
-@pytest.fixture
-def r(tmp_path):
-    port = free_port()
-    with open(tmp_path / "redis.log", "wb") as log:
-        proc = runner.spawn(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(tmp_path)], stdout=log, stderr=log)
-    try:
-        wait_port(port)
-        yield redis.Redis(port=port)
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def test_cap_renewal_lapse_and_own_release(r):
