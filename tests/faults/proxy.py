@@ -2,7 +2,9 @@
 
 `arm(n)` makes the next connection reset both ends once n client->server bytes
 have passed (an RST, as a dropped link looks to both sides); unarmed
-connections pass through. `arm_live(n)` cuts whichever connection, open or new,
+connections pass through. `disarm()` also cancels the cut of a connection that was
+armed but has not carried its n bytes yet (a sync shorter than the cut offset leaves
+its login open and warm: a later sync reusing it must not be cut). `arm_live(n)` cuts whichever connection, open or new,
 next carries n more client->server bytes: the link under a warm SSH session that
 a worker keeps between syncs. Every connection is a thread pair-less pump (select).
 """
@@ -23,6 +25,7 @@ class CuttingProxy:
         self.port = self.listener.getsockname()[1]
         self._armed: list[int] = []
         self._live: int | None = None   # client->server bytes left before a live cut
+        self._pending: dict[int, int] = {}  # open connection -> its armed cut offset
         self._lock = threading.Lock()
         self.cuts = 0
         self.connections = 0
@@ -44,7 +47,12 @@ class CuttingProxy:
     def disarm(self) -> None:
         with self._lock:
             self._armed.clear()
+            self._pending.clear()
             self._live = None
+
+    def _cut_of(self, conn: int) -> int | None:
+        with self._lock:
+            return self._pending.get(conn)
 
     def _live_cut(self, n: int) -> int | None:
         """Count n bytes against a live cut; the bytes to forward before cutting, if it is due."""
@@ -66,17 +74,21 @@ class CuttingProxy:
                 continue
             except OSError:
                 return
-            with self._lock:
-                cut = self._armed.pop(0) if self._armed else None
             self.connections += 1
+            conn = self.connections
+            with self._lock:
+                if self._armed:
+                    self._pending[conn] = self._armed.pop(0)
             try:
                 server = socket.create_connection(self.target, timeout=5)
             except OSError:
+                with self._lock:
+                    self._pending.pop(conn, None)
                 client.close()
                 continue
-            threading.Thread(target=self._pump, args=(client, server, cut), daemon=True).start()
+            threading.Thread(target=self._pump, args=(client, server, conn), daemon=True).start()
 
-    def _pump(self, client: socket.socket, server: socket.socket, cut: int | None) -> None:
+    def _pump(self, client: socket.socket, server: socket.socket, conn: int) -> None:
         passed = 0
         try:
             while not self._stop.is_set():
@@ -86,6 +98,7 @@ class CuttingProxy:
                     if not data:
                         return
                     if src is client:
+                        cut = self._cut_of(conn)
                         if cut is not None and passed + len(data) >= cut:
                             server.sendall(data[:cut - passed])
                             passed = cut
@@ -104,6 +117,8 @@ class CuttingProxy:
         except OSError:
             pass
         finally:
+            with self._lock:
+                self._pending.pop(conn, None)
             self.passed = passed
             for s in (client, server):
                 try:
