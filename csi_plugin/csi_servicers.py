@@ -4,9 +4,7 @@ from __future__ import annotations
 import drsvc
 from drsvc.ids import check_id, check_map
 from drsvc.errors import MissingField
-from drsvc.modify import VolumeModifier, check_mutable
 from drsvc.site import Site
-from drsvc import snapshots
 
 from . import convert
 from .errors import rpc
@@ -57,36 +55,36 @@ class Identity(csi_pb2_grpc.IdentityServicer):
 
 
 class Controller(csi_pb2_grpc.ControllerServicer):
-    def __init__(self, site: Site):
-        self.site = site
+    """CSI Controller over a drsvc.controller implementation: the pool of a one-node site
+    (PoolController) or the storage nodes of a multi-node site (cluster.ClusterController)."""
+
+    def __init__(self, ctl):
+        self.ctl = ctl
 
     @rpc
     def CreateVolume(self, req, context):
         _secrets(req)
         reqs = req.accessibility_requirements
-        mutable = check_mutable(dict(req.mutable_parameters))     # refused before anything is created
-        vol = self.site.create_volume(
+        vol = self.ctl.create_volume(
             req.name, required_bytes=req.capacity_range.required_bytes,
             limit_bytes=req.capacity_range.limit_bytes,
             capabilities=convert.capabilities(req.volume_capabilities),
             parameters=dict(req.parameters), source=convert.content_source(req),
-            requisite=convert.topologies(reqs.requisite), preferred=convert.topologies(reqs.preferred))
-        if mutable:
-            vol = VolumeModifier(self.site.volumes).modify(vol.volume_id, mutable)
+            requisite=convert.topologies(reqs.requisite), preferred=convert.topologies(reqs.preferred),
+            mutable=dict(req.mutable_parameters))
         return csi_pb2.CreateVolumeResponse(volume=convert.volume(vol))
 
     @rpc
     def DeleteVolume(self, req, context):
         _secrets(req)
-        self.site.delete_volume(req.volume_id)
+        self.ctl.delete_volume(req.volume_id)
         return csi_pb2.DeleteVolumeResponse()
 
     @rpc
     def ValidateVolumeCapabilities(self, req, context):
         _secrets(req)
-        caps = convert.capabilities(req.volume_capabilities)
-        vol = self.site.volumes.get_volume(req.volume_id)
-        problem = self.site.volumes.unsupported_reason(vol, caps, dict(req.parameters))
+        problem = self.ctl.validate(req.volume_id, convert.capabilities(req.volume_capabilities),
+                                    dict(req.parameters))
         if problem:
             return csi_pb2.ValidateVolumeCapabilitiesResponse(message=problem)
         return csi_pb2.ValidateVolumeCapabilitiesResponse(
@@ -94,41 +92,34 @@ class Controller(csi_pb2_grpc.ControllerServicer):
                 volume_context=req.volume_context, volume_capabilities=req.volume_capabilities,
                 parameters=req.parameters))
 
-    def _published_nodes(self, volume_id: str) -> list[str]:
-        st = self.site.node.find_state(volume_id)
-        return [self.site.node_id] if st and st.targets else []
-
-    def _condition(self, volume_id: str) -> csi_pb2.VolumeCondition:
-        problem = self.site.volumes.condition(volume_id)
-        return csi_pb2.VolumeCondition(abnormal=bool(problem), message=problem or "volume is healthy")
+    @staticmethod
+    def _status(st, cls):
+        return cls(published_node_ids=st.published_node_ids,
+                   volume_condition=csi_pb2.VolumeCondition(abnormal=bool(st.problem),
+                                                            message=st.problem or "volume is healthy"))
 
     @rpc
     def ListVolumes(self, req, context):
-        page = self.site.volumes.list_volumes(req.max_entries, req.starting_token)
+        page = self.ctl.list_volumes(req.max_entries, req.starting_token)
         R = csi_pb2.ListVolumesResponse
         return R(next_token=page.next_token, entries=[
-            R.Entry(volume=convert.volume(v), status=R.VolumeStatus(
-                published_node_ids=self._published_nodes(v.volume_id),
-                volume_condition=self._condition(v.volume_id)))
-            for v in page.items])
+            R.Entry(volume=convert.volume(st.volume), status=self._status(st, R.VolumeStatus))
+            for st in page.items])
 
     @rpc
     def ControllerGetVolume(self, req, context):
-        vol = self.site.volumes.get_volume(req.volume_id)
+        st = self.ctl.get_volume(req.volume_id)
         R = csi_pb2.ControllerGetVolumeResponse
-        return R(volume=convert.volume(vol), status=R.VolumeStatus(
-            published_node_ids=self._published_nodes(vol.volume_id),
-            volume_condition=self._condition(vol.volume_id)))
+        return R(volume=convert.volume(st.volume), status=self._status(st, R.VolumeStatus))
 
     @rpc
     def GetCapacity(self, req, context):
-        caps = convert.capabilities(req.volume_capabilities)
-        available, maximum, minimum = self.site.volumes.capacity(
+        cap = self.ctl.capacity(
             dict(req.accessible_topology.segments) if req.HasField("accessible_topology") else None,
-            caps, dict(req.parameters))
-        resp = csi_pb2.GetCapacityResponse(available_capacity=available)
-        resp.maximum_volume_size.value = maximum
-        resp.minimum_volume_size.value = minimum
+            convert.capabilities(req.volume_capabilities), dict(req.parameters))
+        resp = csi_pb2.GetCapacityResponse(available_capacity=cap.available)
+        resp.maximum_volume_size.value = cap.maximum
+        resp.minimum_volume_size.value = cap.minimum
         return resp
 
     @rpc
@@ -142,32 +133,31 @@ class Controller(csi_pb2_grpc.ControllerServicer):
         _secrets(req)
         if not req.source_volume_id:
             raise MissingField(field="source_volume_id")
-        snap = self.site.create_snapshot(req.name, req.source_volume_id, dict(req.parameters))
+        snap = self.ctl.create_snapshot(req.name, req.source_volume_id, dict(req.parameters))
         return csi_pb2.CreateSnapshotResponse(snapshot=convert.snapshot(snap))
 
     @rpc
     def DeleteSnapshot(self, req, context):
         _secrets(req)
-        snapshots.delete_snapshot(self.site.volumes, req.snapshot_id)
+        self.ctl.delete_snapshot(req.snapshot_id)
         return csi_pb2.DeleteSnapshotResponse()
 
     @rpc
     def GetSnapshot(self, req, context):
         _secrets(req)
-        snap = snapshots.find_snapshot_any_state(self.site.volumes, req.snapshot_id)
-        return csi_pb2.GetSnapshotResponse(snapshot=convert.snapshot(snap))
+        return csi_pb2.GetSnapshotResponse(snapshot=convert.snapshot(self.ctl.get_snapshot(req.snapshot_id)))
 
     @rpc
     def ControllerModifyVolume(self, req, context):
         _secrets(req)
-        VolumeModifier(self.site.volumes).modify(req.volume_id, dict(req.mutable_parameters))
+        self.ctl.modify_volume(req.volume_id, dict(req.mutable_parameters))
         return csi_pb2.ControllerModifyVolumeResponse()
 
     @rpc
     def ListSnapshots(self, req, context):
         _secrets(req)
-        page = self.site.volumes.list_snapshots(req.max_entries, req.starting_token,
-                                                req.snapshot_id, req.source_volume_id)
+        page = self.ctl.list_snapshots(req.max_entries, req.starting_token, req.snapshot_id,
+                                       req.source_volume_id)
         E = csi_pb2.ListSnapshotsResponse.Entry
         return csi_pb2.ListSnapshotsResponse(next_token=page.next_token,
                                              entries=[E(snapshot=convert.snapshot(s)) for s in page.items])
@@ -175,8 +165,8 @@ class Controller(csi_pb2_grpc.ControllerServicer):
     @rpc
     def ControllerExpandVolume(self, req, context):
         _secrets(req)
-        size = self.site.volumes.expand_volume(req.volume_id, req.capacity_range.required_bytes,
-                                               req.capacity_range.limit_bytes)
+        size = self.ctl.expand_volume(req.volume_id, req.capacity_range.required_bytes,
+                                      req.capacity_range.limit_bytes)
         return csi_pb2.ControllerExpandVolumeResponse(capacity_bytes=size, node_expansion_required=True)
 
 

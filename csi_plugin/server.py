@@ -13,6 +13,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from drsvc.controller import PoolController
 from drsvc.site import Site
 
 from drsvc.config import load as load_config, socket_path
@@ -28,7 +29,7 @@ def build_server(site: Site, sock: Path, *, max_workers: int = 16, block_metadat
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
                          interceptors=[LoggingInterceptor()])
     csi_pb2_grpc.add_IdentityServicer_to_server(csi_servicers.Identity(site), server)
-    csi_pb2_grpc.add_ControllerServicer_to_server(csi_servicers.Controller(site), server)
+    csi_pb2_grpc.add_ControllerServicer_to_server(csi_servicers.Controller(PoolController(site)), server)
     csi_pb2_grpc.add_NodeServicer_to_server(csi_servicers.Node(site), server)
     csi_pb2_grpc.add_GroupControllerServicer_to_server(group_servicer.GroupController(site), server)
     csi_pb2_grpc.add_SnapshotMetadataServicer_to_server(

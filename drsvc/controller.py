@@ -1,0 +1,99 @@
+"""The CSI controller's operations, over one pool: what csi_plugin's Controller servicer calls.
+
+Two implementations answer the same calls. :class:`PoolController` runs them on the
+pool of this process's site (a one-node site, or a storage node executing a task sent by
+its site's controller). :class:`drsvc.cluster.ClusterController` runs them on a site of
+several storage nodes: it places volumes and sends each call to the node that holds the
+object. Both return model objects, never protobufs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import snapshots
+from .model import Capability, ContentSource, Page, Snapshot, Volume
+from .modify import VolumeModifier, check_mutable
+
+
+@dataclass
+class VolumeStatus:
+    """A volume with what ControllerGetVolume and ListVolumes report about it."""
+    volume: Volume
+    published_node_ids: list = field(default_factory=list)
+    problem: str = ""                 # empty: healthy
+
+
+@dataclass(frozen=True)
+class Capacity:
+    available: int
+    maximum: int
+    minimum: int
+
+
+class PoolController:
+    """The controller calls on one site's pool (drsvc.site.Site)."""
+
+    def __init__(self, site):
+        self.site = site
+
+    @property
+    def site_name(self) -> str:
+        return self.site.pool.site
+
+    def probe(self) -> None:
+        self.site.pool.space()            # the pool must be reachable
+
+    def create_volume(self, name: str, *, required_bytes: int = 0, limit_bytes: int = 0,
+                      capabilities: list[Capability] = (), parameters: dict | None = None,
+                      source: ContentSource | None = None, requisite: list[dict] = (),
+                      preferred: list[dict] = (), mutable: dict | None = None) -> Volume:
+        mutable = check_mutable(dict(mutable or {}))      # refused before anything is created
+        vol = self.site.create_volume(name, required_bytes=required_bytes, limit_bytes=limit_bytes,
+                                      capabilities=list(capabilities), parameters=parameters,
+                                      source=source, requisite=list(requisite), preferred=list(preferred))
+        if mutable:
+            vol = VolumeModifier(self.site.volumes).modify(vol.volume_id, mutable)
+        return vol
+
+    def delete_volume(self, volume_id: str) -> None:
+        self.site.delete_volume(volume_id)
+
+    def validate(self, volume_id: str, capabilities: list[Capability], parameters: dict) -> str:
+        """Why the volume cannot be used with these capabilities ('' when it can)."""
+        vol = self.site.volumes.get_volume(volume_id)
+        return self.site.volumes.unsupported_reason(vol, list(capabilities), dict(parameters))
+
+    def _status(self, vol: Volume) -> VolumeStatus:
+        st = self.site.node.find_state(vol.volume_id)
+        return VolumeStatus(vol, [self.site.node_id] if st and st.targets else [],
+                            self.site.volumes.condition(vol.volume_id) or "")
+
+    def get_volume(self, volume_id: str) -> VolumeStatus:
+        return self._status(self.site.volumes.get_volume(volume_id))
+
+    def list_volumes(self, max_entries: int = 0, token: str = "") -> Page:
+        page = self.site.volumes.list_volumes(max_entries, token)
+        return Page([self._status(v) for v in page.items], page.next_token)
+
+    def capacity(self, topology: dict | None = None, capabilities: list[Capability] = (),
+                 parameters: dict | None = None) -> Capacity:
+        return Capacity(*self.site.volumes.capacity(topology, list(capabilities), dict(parameters or {})))
+
+    def expand_volume(self, volume_id: str, required_bytes: int, limit_bytes: int) -> int:
+        return self.site.volumes.expand_volume(volume_id, required_bytes, limit_bytes)
+
+    def modify_volume(self, volume_id: str, mutable: dict) -> None:
+        VolumeModifier(self.site.volumes).modify(volume_id, dict(mutable))
+
+    def create_snapshot(self, name: str, source_volume_id: str, parameters: dict | None = None) -> Snapshot:
+        return self.site.create_snapshot(name, source_volume_id, dict(parameters or {}))
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        snapshots.delete_snapshot(self.site.volumes, snapshot_id)
+
+    def get_snapshot(self, snapshot_id: str) -> Snapshot:
+        return snapshots.find_snapshot_any_state(self.site.volumes, snapshot_id)
+
+    def list_snapshots(self, max_entries: int = 0, token: str = "", snapshot_id: str = "",
+                       source_volume_id: str = "") -> Page:
+        return self.site.volumes.list_snapshots(max_entries, token, snapshot_id, source_volume_id)
