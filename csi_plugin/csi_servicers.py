@@ -26,29 +26,35 @@ def _secrets(req) -> None:
         check_map(dict(req.secrets), "secrets")
 
 
+PService = csi_pb2.PluginCapability.Service.Type
+# a plugin over a pool serves every service; a multi-node site's controller, only these
+POOL_SERVICES = (PService.CONTROLLER_SERVICE, PService.VOLUME_ACCESSIBILITY_CONSTRAINTS,
+                 PService.GROUP_CONTROLLER_SERVICE, PService.SNAPSHOT_METADATA_SERVICE)
+CLUSTER_SERVICES = (PService.CONTROLLER_SERVICE, PService.VOLUME_ACCESSIBILITY_CONSTRAINTS)
+
+
 class Identity(csi_pb2_grpc.IdentityServicer):
-    def __init__(self, site: Site):
-        self.site = site
+    """*ctl* is the plugin's controller (drsvc.controller): its site name, and its probe."""
+
+    def __init__(self, ctl, services=POOL_SERVICES):
+        self.ctl = ctl
+        self.services = services
 
     @rpc
     def GetPluginInfo(self, request, context):
         return csi_pb2.GetPluginInfoResponse(name=DRIVER_NAME, vendor_version=drsvc.__version__,
-                                             manifest={"site": self.site.pool.site})
+                                             manifest={"site": self.ctl.site_name})
 
     @rpc
     def GetPluginCapabilities(self, request, context):
         P = csi_pb2.PluginCapability
-        return csi_pb2.GetPluginCapabilitiesResponse(capabilities=[
-            P(service=P.Service(type=P.Service.CONTROLLER_SERVICE)),
-            P(service=P.Service(type=P.Service.VOLUME_ACCESSIBILITY_CONSTRAINTS)),
-            P(service=P.Service(type=P.Service.GROUP_CONTROLLER_SERVICE)),
-            P(service=P.Service(type=P.Service.SNAPSHOT_METADATA_SERVICE)),
-            P(volume_expansion=P.VolumeExpansion(type=P.VolumeExpansion.ONLINE)),
-        ])
+        return csi_pb2.GetPluginCapabilitiesResponse(
+            capabilities=[P(service=P.Service(type=t)) for t in self.services]
+            + [P(volume_expansion=P.VolumeExpansion(type=P.VolumeExpansion.ONLINE))])
 
     @rpc
     def Probe(self, request, context):
-        self.site.pool.space()       # the pool must be reachable
+        self.ctl.probe()             # the pool (or a storage node) must be reachable
         resp = csi_pb2.ProbeResponse()
         resp.ready.value = True
         return resp

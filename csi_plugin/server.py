@@ -25,11 +25,41 @@ from .interceptors import LoggingInterceptor
 log = logging.getLogger("csi_plugin")
 
 
+def _serve(server: grpc.Server, names: list[str], sock: Path) -> grpc.Server:
+    """Health for every service, reflection, and the unix socket (0600: root's CO only)."""
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for n in names + [""]:
+        health_servicer.set(n, health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection(names + [health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    sock.parent.mkdir(parents=True, exist_ok=True)
+    sock.unlink(missing_ok=True)
+    old = os.umask(0o077)
+    try:
+        server.add_insecure_port(f"unix://{sock}")
+    finally:
+        os.umask(old)
+    return server
+
+
+def build_controller_server(ctl, sock: Path, *, max_workers: int = 16) -> grpc.Server:
+    """A multi-node site's controller (drsvc.cluster.ClusterController): Identity and
+    Controller only. Node, group and replication services run where the pools are."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
+                         interceptors=[LoggingInterceptor()])
+    csi_pb2_grpc.add_IdentityServicer_to_server(
+        csi_servicers.Identity(ctl, csi_servicers.CLUSTER_SERVICES), server)
+    csi_pb2_grpc.add_ControllerServicer_to_server(csi_servicers.Controller(ctl), server)
+    names = [csi_pb2.DESCRIPTOR.services_by_name[s].full_name for s in ("Identity", "Controller")]
+    return _serve(server, names, sock)
+
+
 def build_server(site: Site, sock: Path, *, max_workers: int = 16, block_metadata: str = "variable") -> grpc.Server:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
                          interceptors=[LoggingInterceptor()])
-    csi_pb2_grpc.add_IdentityServicer_to_server(csi_servicers.Identity(site), server)
-    csi_pb2_grpc.add_ControllerServicer_to_server(csi_servicers.Controller(PoolController(site)), server)
+    ctl = PoolController(site)
+    csi_pb2_grpc.add_IdentityServicer_to_server(csi_servicers.Identity(ctl), server)
+    csi_pb2_grpc.add_ControllerServicer_to_server(csi_servicers.Controller(ctl), server)
     csi_pb2_grpc.add_NodeServicer_to_server(csi_servicers.Node(site), server)
     csi_pb2_grpc.add_GroupControllerServicer_to_server(group_servicer.GroupController(site), server)
     csi_pb2_grpc.add_SnapshotMetadataServicer_to_server(
@@ -46,19 +76,7 @@ def build_server(site: Site, sock: Path, *, max_workers: int = 16, block_metadat
         admin_pb2_grpc.add_AdminServicer_to_server(
             admin_servicer.Admin(site, site.replication.requests, site.status), server)
         names += ["replication.Controller", "drsvc.admin.v1.Admin"]
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    for n in names + [""]:
-        health_servicer.set(n, health_pb2.HealthCheckResponse.SERVING)
-    reflection.enable_server_reflection(names + [health.SERVICE_NAME, reflection.SERVICE_NAME], server)
-    sock.parent.mkdir(parents=True, exist_ok=True)
-    sock.unlink(missing_ok=True)
-    old = os.umask(0o077)          # the socket is created 0600: root's CO only
-    try:
-        server.add_insecure_port(f"unix://{sock}")
-    finally:
-        os.umask(old)
-    return server
+    return _serve(server, names, sock)
 
 
 def main(argv=None) -> int:
@@ -73,12 +91,19 @@ def main(argv=None) -> int:
     ap.add_argument("--block-metadata", choices=sorted(snapshot_metadata_servicer.STYLES),
                     default=os.environ.get("DRSVC_BLOCK_METADATA", "variable"),
                     help="SnapshotMetadata stream style: variable (merged extents) or fixed (4 KiB blocks)")
+    ap.add_argument("--role", choices=("plugin", "controller"), default=os.environ.get("DRSVC_ROLE", "plugin"),
+                    help="plugin: every service over a pool (a one-node site, or one storage node with "
+                         "--node); controller: a multi-node site's controller, which holds no pool")
+    ap.add_argument("--node", default=os.environ.get("DRSVC_NODE", ""),
+                    help="this storage node's name in the site config's [nodes] (default: $DRSVC_NODE)")
     ap.add_argument("--log-level", default=os.environ.get("DRSVC_LOG_LEVEL", "INFO"))
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.role == "controller":
+        return _serve_controller(ap, args)
     if args.config:
-        cfg = load_config(Path(args.config))
+        cfg = load_config(Path(args.config), node=args.node)
         from workers.app import make_app
         from workers.client import CeleryDispatcher
         site = Site.from_config(cfg, dispatcher=CeleryDispatcher(make_app(cfg)))
@@ -95,6 +120,31 @@ def main(argv=None) -> int:
     server.start()
     log.info("serving CSI on unix://%s (pool %s, node %s, site %s%s)", sock, site.pool.root,
              site.node_id, site.pool.site, ", replication on" if site.replication else "")
+    return _run(server, sock)
+
+
+def _serve_controller(ap, args) -> int:
+    if not args.config:
+        ap.error("--role controller needs --config (the site's nodes)")
+    cfg = load_config(Path(args.config))
+    if not cfg.multinode:
+        ap.error(f"{args.config} lists no [nodes]: a one-node site's plugin is its controller")
+    from drsvc.cluster import ClusterController
+    from workers.app import make_app
+    from workers.client import NodeDispatcher
+    ctl = ClusterController(cfg, NodeDispatcher(make_app(cfg)))
+    endpoint = args.endpoint or cfg.endpoint
+    if not endpoint:
+        ap.error("--endpoint or CSI_ENDPOINT is required")
+    sock = socket_path(endpoint)
+    server = build_controller_server(ctl, sock)
+    server.start()
+    log.info("serving the CSI controller of site %s on unix://%s (nodes %s)", cfg.site, sock,
+             ", ".join(sorted(cfg.nodes)))
+    return _run(server, sock)
+
+
+def _run(server: grpc.Server, sock: Path) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

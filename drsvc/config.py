@@ -20,17 +20,28 @@ Example::
     # transport = "ssh"                                  # default; "local": pool = "/path" on this host
     # max_syncs = 1                                      # syncs to this peer at once (default: with
     #                                                    # several peers, all but one worker process)
+
+A site of several storage nodes lists them; each node's plugin and worker run with
+``--node NAME`` (or ``DRSVC_NODE``) and use that node's pool, and the site's controller
+(``drsvc-csi --role controller``) holds no pool: it places volumes on nodes and sends
+every pool operation to the node's queue ``drsvc.<site>.<node>``::
+
+    [nodes.n1]
+    pool = "/var/lib/drsvc/pool"      # the pool on that node (read by that node's processes)
+    labels = { "topology.kubernetes.io/zone" = "rack1" }   # extra topology segments
+    # peer_node = "n1"                # the peer site's node that holds its replicas (default:
+    #                                 # the same name: node pairs)
 """
 from __future__ import annotations
 
 import hashlib
 import hmac
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .errors import (ConfigInvalid, ConfigNotFound, PeerNotFound, PeerRequired, Unauthenticated,
-                     UnsupportedEndpoint)
+from .errors import (ConfigInvalid, ConfigNotFound, NodeNotFound, PeerNotFound, PeerRequired,
+                     Unauthenticated, UnsupportedEndpoint)
 from .ids import check_id
 
 
@@ -56,6 +67,24 @@ class PeerConfig:
 
 
 @dataclass(frozen=True)
+class NodeConfig:
+    """One [nodes.<name>] table: a storage node of a multi-node site."""
+    name: str
+    pool: Path
+    labels: dict = field(default_factory=dict)
+    peer_node: str = ""
+
+    @property
+    def replica_node(self) -> str:
+        """The peer site's node that holds this node's replicas (node pairs by name)."""
+        return self.peer_node or self.name
+
+
+# queue suffixes a node name must not take
+RESERVED_NODE_NAMES = frozenset({"control"})
+
+
+@dataclass(frozen=True)
 class SiteConfig:
     site: str
     node_id: str
@@ -69,6 +98,24 @@ class SiteConfig:
     # a task whose worker died is redelivered after this long (acks_late)
     visibility_timeout: int = 300
     zone: str = ""          # topology.drsvc.io/zone, the same at both sites (default: "a-b")
+    nodes: dict = field(default_factory=dict)   # name -> NodeConfig (empty: a one-node site)
+    node_call_timeout: float = 30.0   # the controller's wait for one node's answer
+
+    @property
+    def multinode(self) -> bool:
+        return bool(self.nodes)
+
+    def node_queue(self, node: str) -> str:
+        """The queue of one storage node's worker: every operation on that node's pool."""
+        if node not in self.nodes:
+            raise NodeNotFound(site=self.site, node=node, names=", ".join(sorted(self.nodes)) or "none")
+        return f"drsvc.{self.site}.{node}"
+
+    def for_node(self, node: str) -> SiteConfig:
+        """This config as node *node*'s processes read it: its name and its pool."""
+        if node not in self.nodes:
+            raise NodeNotFound(site=self.site, node=node, names=", ".join(sorted(self.nodes)) or "none")
+        return replace(self, node_id=node, pool=self.nodes[node].pool)
 
     @property
     def queue(self) -> str:
@@ -150,7 +197,19 @@ def _peer(name: str, p: dict, where: str, rel) -> PeerConfig:
                       max_syncs=max_syncs)
 
 
-def parse(doc: dict, path: Path | None = None) -> SiteConfig:
+def _node(name: str, n: dict, where: str, rel) -> NodeConfig:
+    if name in RESERVED_NODE_NAMES or "." in name:
+        raise ConfigInvalid(where=where, reason=f"node name {name!r} is reserved or has a '.'")
+    labels = n.get("labels") or {}
+    if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+        raise ConfigInvalid(where=where, reason="labels must be a table of strings")
+    peer_node = n.get("peer_node", "")
+    if peer_node:
+        check_id(peer_node, "peer_node")
+    return NodeConfig(name=name, pool=rel(_req(n, "pool", where)), labels=dict(labels), peer_node=peer_node)
+
+
+def parse(doc: dict, path: Path | None = None, node: str = "") -> SiteConfig:
     where = str(path or "site config")
     base = path.parent if path else Path.cwd()
 
@@ -162,16 +221,27 @@ def parse(doc: dict, path: Path | None = None) -> SiteConfig:
     for name, p in (doc.get("peers") or {}).items():
         check_id(name, "peer name")
         peers[name] = _peer(name, p, f"{where} [peers.{name}]", rel)
+    nodes = {}
+    for name, n in (doc.get("nodes") or {}).items():
+        check_id(name, "node name")
+        nodes[name] = _node(name, n, f"{where} [nodes.{name}]", rel)
     site = check_id(_req(doc, "site", where), "site")
-    return SiteConfig(site=site, node_id=doc.get("node_id", f"{site}-node"), pool=rel(_req(doc, "pool", where)),
+    # a multi-node site's controller has no pool of its own; its nodes each have one
+    pool = rel(doc["pool"]) if doc.get("pool") else None
+    if pool is None and not nodes:
+        _req(doc, "pool", where)
+    cfg = SiteConfig(site=site, node_id=doc.get("node_id", f"{site}-node"), pool=pool,
                       endpoint=doc.get("endpoint", ""), redis_url=doc.get("redis_url", "redis://127.0.0.1:6379/0"),
                       peers=peers, metrics_port=int(doc.get("metrics_port", 0)),
                       secrets_file=rel(doc["secrets_file"]) if doc.get("secrets_file") else None, path=path,
                       visibility_timeout=int(doc.get("visibility_timeout", 300)),
-                      zone=check_id(doc["zone"], "zone") if doc.get("zone") else "")
+                      zone=check_id(doc["zone"], "zone") if doc.get("zone") else "", nodes=nodes,
+                      node_call_timeout=float(doc.get("node_call_timeout", 30.0)))
+    return cfg.for_node(node) if node else cfg
 
 
-def load(path: Path) -> SiteConfig:
+def load(path: Path, node: str = "") -> SiteConfig:
+    """The site config at *path*; with *node*, as that storage node's processes see it."""
     path = Path(path)
     try:
         doc = tomllib.loads(path.read_text())
@@ -179,4 +249,4 @@ def load(path: Path) -> SiteConfig:
         raise ConfigNotFound(path=path) from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigInvalid(where=f"site config {path}", reason=str(e)) from None
-    return parse(doc, path)
+    return parse(doc, path, node)

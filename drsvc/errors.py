@@ -331,3 +331,16 @@ class BaseNewerThanTarget(InvalidInput):
 
 class MaxResultsNegative(InvalidInput):
     template = "max_results must not be negative, got {value}"
+
+
+# -- sites of several storage nodes (issue 13) ----------------------------------
+class NodeNotFound(NotFound):
+    template = "site {site} has no storage node named {node!r} (nodes: {names})"
+
+
+class NoNodeFits(ResourceExhausted):
+    template = "no storage node of site {site} can hold this volume: {reason}"
+
+
+class NodeUnreachable(Unavailable):
+    template = "storage node {node} of site {site} did not answer within {wait:.0f}s: {reason}"

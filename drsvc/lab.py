@@ -40,6 +40,33 @@ def wait_port(port: int, timeout: float = 20) -> None:
     raise Unavailable(f"nothing is listening on 127.0.0.1:{port} after {timeout}s")
 
 
+def mount_xfs(root: Path, name: str, size: str) -> tuple[Path, Path]:
+    """A loop-mounted XFS with reflinks at root/name (repeat-safe): its image, its mount point."""
+    root.mkdir(parents=True, exist_ok=True)
+    image, mnt = root / f"{name}.img", root / name
+    mnt.mkdir(exist_ok=True)
+    if not any(line.split()[1] == str(mnt) for line in Path("/proc/mounts").read_text().splitlines()):
+        runner.run(["truncate", "-s", size, image])
+        runner.run(["mkfs.xfs", "-q", "-f", "-m", "reflink=1", image], timeout=120)
+        runner.run(["mount", "-o", "loop", image, mnt])
+    return image, mnt
+
+
+def spawn_redis(d: Path, port: int, password: str | None = None):
+    """A redis-server on 127.0.0.1:port with its files in d, appendonly like production."""
+    d.mkdir(parents=True, exist_ok=True)
+    argv = ["redis-server", "--port", port, "--bind", "127.0.0.1", "--dir", d,
+            "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no",
+            "--logfile", d / "redis.log"]
+    if password:
+        argv += ["--requirepass", password]
+    # never the caller's stdout: a lab left running (`demo --keep`) must not hold a pipe open
+    with open(d / "redis.out", "ab") as out:
+        p = runner.spawn(argv, stdout=out, stderr=out)
+    wait_port(port)
+    return p
+
+
 def receiver_command(pool: Path) -> str:
     # sshd runs this through the user's shell: one exec of the interpreter, no extras
     return f"exec {sys.executable} -m drsvc.replication.receiver --pool {pool}"
@@ -84,31 +111,14 @@ class Lab:
 
     # -- building blocks -------------------------------------------------------------
     def _mount_pool(self, s: LabSite) -> None:
-        s.root.mkdir(parents=True, exist_ok=True)
-        s.fs_image = s.root / "pool-fs.img"
-        mnt = s.root / "pool-fs"
-        mnt.mkdir(exist_ok=True)
-        if not any(line.split()[1] == str(mnt) for line in Path("/proc/mounts").read_text().splitlines()):
-            runner.run(["truncate", "-s", self.pool_sizes.get(s.name, self.pool_size), s.fs_image])
-            runner.run(["mkfs.xfs", "-q", "-f", "-m", "reflink=1", s.fs_image], timeout=120)
-            runner.run(["mount", "-o", "loop", s.fs_image, mnt])
+        s.fs_image, mnt = mount_xfs(s.root, "pool-fs", self.pool_sizes.get(s.name, self.pool_size))
         s.pool = mnt / "pool"
 
     def _spawn_redis(self, s: LabSite) -> None:
-        d = s.root / "redis"
-        d.mkdir(exist_ok=True)
         # appendonly: a restarted redis keeps queued tasks and markers, as in production
-        argv = ["redis-server", "--port", s.redis_port, "--bind", "127.0.0.1", "--dir", d,
-                "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no",
-                "--logfile", d / "redis.log"]
-        if self.redis_password:
-            argv += ["--requirepass", self.redis_password]
-        # never the caller's stdout: a lab left running (`demo --keep`) must not hold a pipe open
-        with open(d / "redis.out", "ab") as out:
-            p = runner.spawn(argv, stdout=out, stderr=out)
+        p = spawn_redis(s.root / "redis", s.redis_port, self.redis_password)
         s.redis_pid = p.pid
         s.procs.append(p)
-        wait_port(s.redis_port)
 
     def _start_redis(self, s: LabSite) -> None:
         s.redis_port = free_port()
@@ -325,3 +335,71 @@ def _unmount_under(root: Path) -> None:
         backing = loop.backing_of(f"/dev/{entry.name}") or ""
         if backing.startswith(root + "/"):
             runner.run(["losetup", "-d", f"/dev/{entry.name}"], check=False)
+
+
+class NodesLab:
+    """One site of several storage nodes on this host: a loop-mounted XFS pool per node, a
+    worker per node on its own queue, one Redis, and the site's controller (no pool).
+    Replication between multi-node sites is not part of it yet."""
+
+    def __init__(self, root: Path, site: str = "a", nodes=("n1", "n2", "n3"), *, pool_size: str = "2G",
+                 labels: dict | None = None, visibility_timeout: int = 20, node_call_timeout: float = 8.0):
+        self.root = Path(root)
+        self.site = site
+        self.nodes = tuple(nodes)
+        self.pool_size = pool_size
+        self.labels = dict(labels or {})          # node -> {label: value}
+        self.visibility_timeout = visibility_timeout
+        self.node_call_timeout = node_call_timeout
+        self.config_path = self.root / "site.toml"
+        self.redis_port = 0
+        self.procs: list = []
+
+    @property
+    def endpoint(self) -> str:
+        return f"unix://{self.root}/controller.sock"
+
+    @property
+    def cfg(self) -> SiteConfig:
+        return load(self.config_path)
+
+    @property
+    def run(self) -> SiteRun:
+        return SiteRun(self.cfg)
+
+    def pool(self, node: str) -> Path:
+        return self.root / node / "pool-fs" / "pool"
+
+    def build(self) -> NodesLab:
+        for n in self.nodes:
+            mount_xfs(self.root / n, "pool-fs", self.pool_size)
+        self.redis_port = free_port()
+        self.procs.append(spawn_redis(self.root / "redis", self.redis_port))
+        tables = []
+        for n in self.nodes:
+            labels = ", ".join(f'"{k}" = "{v}"' for k, v in self.labels.get(n, {}).items())
+            tables.append(f'[nodes.{n}]\npool = "{self.pool(n)}"\nlabels = {{ {labels} }}\n')
+        self.config_path.write_text(
+            f'site = "{self.site}"\nendpoint = "{self.endpoint}"\n'
+            f'redis_url = "redis://127.0.0.1:{self.redis_port}/0"\n'
+            f'visibility_timeout = {self.visibility_timeout}\nnode_call_timeout = {self.node_call_timeout}\n\n'
+            + "\n".join(tables))
+        return self
+
+    def up(self) -> None:
+        from .sitectl import node_components
+        for c in node_components(self.cfg):
+            self.run.start(c)
+        self.run.wait_socket()
+
+    def teardown(self) -> None:
+        if self.config_path.exists():
+            try:
+                from .sitectl import node_components
+                self.run.down(node_components(self.cfg))
+            except Exception:  # noqa: BLE001 - tear down as much as we can
+                pass
+        for p in self.procs:
+            _kill(p.pid)
+        _unmount_under(self.root)
+        shutil.rmtree(self.root, ignore_errors=True)

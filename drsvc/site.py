@@ -51,8 +51,10 @@ class Site:
     def open(cls, pool_dir: Path, *, node_id: str, site_id: str = "local", config: SiteConfig | None = None,
              dispatcher: Dispatcher | None = None, connect=None, rpc_wait: float = 20.0) -> Site:
         pool = Pool(pool_dir, site=site_id).init()
+        node_cfg = config.nodes.get(node_id) if config is not None else None
         volumes = VolumeService(pool, node_id, zone=pair_zone(site_id, config.peers, config.zone)
-                                if config is not None else None)
+                                if config is not None else None,
+                                node_labels=node_cfg.labels if node_cfg is not None else None)
         node = NodeService(pool, volumes, node_id, publish_policy=functools.partial(check_writable, pool, volumes))
         groups = GroupService(pool, volumes, in_use=node.in_use,
                               replicated=functools.partial(replication_status.is_enabled, pool.root),

@@ -18,8 +18,20 @@ from .config import SiteConfig, socket_path
 COMPONENTS = ("plugin", "worker", "control", "scheduler", "metrics")
 
 
+def node_components(cfg: SiteConfig) -> tuple[str, ...]:
+    """A multi-node site on one host (the lab): its controller and one worker per node."""
+    return ("controller", *(f"worker@{n}" for n in sorted(cfg.nodes)))
+
+
 def _argv(component: str, cfg: SiteConfig) -> list[str]:
     py = sys.executable
+    if component == "controller":        # a multi-node site's controller: no pool
+        return [py, "-m", "csi_plugin", "--config", str(cfg.path), "--role", "controller"]
+    if component.startswith("worker@"):   # one storage node's worker, on its node's queue
+        node = component.partition("@")[2]
+        return [py, "-c", "import sys; from workers.tasks import worker_main; sys.exit(worker_main())",
+                "--config", str(cfg.path), "--role", "node", "--node", node,
+                "--hostname", f"{cfg.site}-{node}@%h"]
     if component == "plugin":
         return [py, "-m", "csi_plugin", "--config", str(cfg.path)]
     if component == "worker":
@@ -50,7 +62,8 @@ class SiteRun:
 
     @property
     def run_dir(self) -> Path:
-        d = Path(self.cfg.pool).parent / f"run-{self.cfg.site}"
+        # next to the pool; a multi-node site's controller has none: next to the config
+        d = (Path(self.cfg.pool) if self.cfg.pool else Path(self.cfg.path)).parent / f"run-{self.cfg.site}"
         d.mkdir(parents=True, exist_ok=True)
         return d
 

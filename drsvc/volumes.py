@@ -38,6 +38,13 @@ def pair_zone(site: str, peers=(), configured: str = "") -> str:
     return configured or "-".join(sorted({site, *peers}))
 
 
+def node_topology(zone: str, node: str, labels: dict) -> dict:
+    """The topology of a storage node of a multi-node site: its zone, its name, its labels.
+    Node names pair across the sites of a replication pair (config.NodeConfig.peer_node), so
+    a PV restored at the peer is schedulable on the node that holds its replica."""
+    return {**labels, TOPOLOGY_ZONE: zone, TOPOLOGY_NODE: node}
+
+
 def _round_up(n: int, unit: int) -> int:
     return -(-n // unit) * unit
 
@@ -60,10 +67,15 @@ def check_capabilities(caps: list[Capability], *, required: bool = True) -> None
 
 
 class VolumeService:
-    def __init__(self, pool: Pool, node_id: str, *, zone: str | None = None):
+    def __init__(self, pool: Pool, node_id: str, *, zone: str | None = None, node_labels: dict | None = None):
         self.pool = pool
         self.node_id = node_id
         self.zone = zone or pool.site
+        # a storage node of a multi-node site: its volumes are reachable on it only, so they
+        # name it (and its labels); their ids start with its name, so the site's controller
+        # routes every later call to it
+        self.node_labels = None if node_labels is None else dict(node_labels)
+        self.id_prefix = f"{node_id}." if node_labels is not None else ""
 
     # -- topology ------------------------------------------------------------
     # Advertised (NodeGetInfo, every Volume): only the zone, which is the same at both
@@ -71,6 +83,8 @@ class VolumeService:
     # there. The site and node keys are still matched in requests (older classes).
     @property
     def topology(self) -> dict:
+        if self.node_labels is not None:
+            return node_topology(self.zone, self.node_id, self.node_labels)
         return {TOPOLOGY_ZONE: self.zone}
 
     def _reachable(self, requisite: list[dict], preferred: list[dict]) -> bool:
@@ -167,7 +181,7 @@ class VolumeService:
                 store.remove_temps(self.pool.volume_meta(volume_id))
             source_size = self._source_size(source) if source else 0
             size = self._size_for(required_bytes, limit_bytes, fs_type or filesystems.DEFAULT, source_size)
-            vol = Volume(volume_id=volume_id or new_id("vol"), name=name, capacity_bytes=size, state="creating",
+            vol = Volume(volume_id=volume_id or new_id(f"{self.id_prefix}vol"), name=name, capacity_bytes=size, state="creating",
                          fs_type=fs_type, parameters=kept, source=src_doc, topology=self.topology,
                          created_at=time.time())
             return self._materialise(vol, index, record_name=not volume_id)
@@ -416,7 +430,7 @@ class VolumeService:
                         return snap
                     return self._capture(snap, freeze)
             vol = self.get_volume(source_volume_id)
-            snap = Snapshot(snapshot_id=new_id("snap"), name=name, source_volume_id=source_volume_id,
+            snap = Snapshot(snapshot_id=new_id(f"{self.id_prefix}snap"), name=name, source_volume_id=source_volume_id,
                             size_bytes=vol.capacity_bytes, created_at=time.time(), state="creating")
             store.write_doc(self.pool.snapshot_meta(snap.snapshot_id), snap.to_doc())
             store.write_doc(self.pool.name_index(key), {"name": name, "snapshot_id": snap.snapshot_id})

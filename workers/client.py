@@ -8,7 +8,7 @@ from celery import Celery
 from celery.exceptions import TimeoutError as CeleryTimeout
 
 from drsvc.dispatch import raise_from_dict
-from drsvc.errors import BrokerUnreachable, OperationInProgress, WorkerFailed
+from drsvc.errors import BrokerUnreachable, DrsvcError, NodeUnreachable, OperationInProgress, WorkerFailed
 
 from . import inflight
 
@@ -52,3 +52,79 @@ class CeleryDispatcher:
             # tasks report errors as dicts; an exception here is a worker-side bug: say so
             raise WorkerFailed(op=op, unit_id=unit_id, reason=repr(value))
         raise OperationInProgress(f"{op} of {unit_id} is {result.state}; retry to follow it")
+
+
+# node calls that only read: dropped from a dead node's queue once their caller gave up
+READ_ONLY_NODE_OPS = frozenset({"probe", "capacity", "get_volume", "list_volumes", "validate",
+                                "get_snapshot", "list_snapshots"})
+
+
+class NodeDispatcher:
+    """drsvc.cluster.NodeCalls over Celery: a site controller's calls on its storage nodes,
+    each a drsvc.node task on the node's queue; client-chosen names claimed in Redis."""
+
+    def __init__(self, app: Celery):
+        self.app = app
+        self.cfg = app.drsvc_config
+        self.redis = redis.Redis.from_url(self.cfg.redis_url, socket_timeout=10)
+
+    def _send(self, node: str, op: str, kwargs: dict, wait: float):
+        return self.app.send_task("drsvc.node", args=[op, kwargs], queue=self.cfg.node_queue(node),
+                                  expires=wait if op in READ_ONLY_NODE_OPS else None)
+
+    def _result(self, node: str, op: str, result, wait: float):
+        try:
+            value = result.get(timeout=max(0.01, wait), propagate=False, disable_sync_subtasks=False)
+        except CeleryTimeout:
+            raise NodeUnreachable(node=node, site=self.cfg.site, wait=wait,
+                                  reason=f"{op} is queued or running there (task {result.id})") from None
+        result.forget()               # answered: nothing to keep in Redis
+        if isinstance(value, dict):
+            return raise_from_dict(value).get("value")
+        raise WorkerFailed(op=op, unit_id=node, reason=repr(value))
+
+    def call(self, node: str, op: str, kwargs: dict, *, wait: float):
+        try:
+            return self._result(node, op, self._send(node, op, kwargs, wait), wait)
+        except redis.RedisError as e:
+            raise BrokerUnreachable(reason=type(e).__name__) from None
+
+    def call_each(self, nodes: list[str], op: str, kwargs: dict, *, wait: float) -> dict:
+        import time
+        try:
+            sent = {n: self._send(n, op, kwargs, wait) for n in nodes}
+            deadline = time.monotonic() + wait
+            out = {}
+            for n, res in sent.items():
+                try:
+                    out[n] = self._result(n, op, res, deadline - time.monotonic())
+                except DrsvcError as e:
+                    out[n] = e
+            return out
+        except redis.RedisError as e:
+            raise BrokerUnreachable(reason=type(e).__name__) from None
+
+    def _key(self, key: str) -> str:
+        return f"drsvc:{self.cfg.site}:names:{key}"
+
+    def holder(self, key: str) -> str | None:
+        try:
+            v = self.redis.get(self._key(key))
+        except redis.RedisError as e:
+            raise BrokerUnreachable(reason=type(e).__name__) from None
+        return v.decode() if v else None
+
+    def claim(self, key: str, node: str) -> str:
+        try:
+            self.redis.set(self._key(key), node, nx=True)
+            return self.redis.get(self._key(key)).decode()
+        except redis.RedisError as e:
+            raise BrokerUnreachable(reason=type(e).__name__) from None
+
+    _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+
+    def release(self, key: str, node: str) -> None:
+        try:
+            self.redis.eval(self._RELEASE, 1, self._key(key), node)
+        except redis.RedisError:
+            pass                       # a stale claim only sends a retry to the same node

@@ -33,6 +33,17 @@ def jobs_for(app):
     return _services[key]
 
 
+def node_ops_for(app):
+    """This storage node's side of its site controller's calls (drsvc.cluster.NodeOps)."""
+    key = ("node", id(app))
+    if key not in _services:
+        from drsvc.cluster import NodeOps
+        from drsvc.controller import PoolController
+        from drsvc.site import Site
+        _services[key] = NodeOps(PoolController(Site.from_config(app.drsvc_config)))
+    return _services[key]
+
+
 def sync_marker(site: str, unit_id: str) -> str:
     return f"drsvc:{site}:sync-queued:{unit_id}"
 
@@ -100,28 +111,47 @@ def register(app) -> None:
     for op in OPS:
         make(op)
 
+    @app.task(name="drsvc.node", acks_late=True)
+    def node_call(op: str, kwargs: dict):
+        """One call of the site's controller on this node's pool (a multi-node site)."""
+        try:
+            return {"ok": True, "value": node_ops_for(app).run(op, kwargs)}
+        except DrsvcError as e:
+            return error_to_dict(e)
+        except Exception as e:  # noqa: BLE001 - a task reports, it does not die
+            log.exception("drsvc.node %s failed", op)
+            return {"ok": False, "error": "InternalError", "message": f"{type(e).__name__}: {e}"}
+
 
 def worker_main(argv=None) -> int:
-    """`drsvc worker --config site.toml [--role data|control]`: a Celery worker of this site.
+    """`drsvc worker --config site.toml [--role data|control|node] [--node NAME]`: a Celery
+    worker of this site.
 
     A data worker serves the data queue (syncs) and, when a process is free, the control
     queue too, so a site with no control worker still answers. A control worker serves only
-    the control queue: enable, disable, promote, demote and resync never wait behind syncs."""
+    the control queue: enable, disable, promote, demote and resync never wait behind syncs.
+    A node worker (a site of several storage nodes) serves its node's queue
+    drsvc.<site>.<node>: the site controller's calls on that node's pool."""
     import argparse
     from drsvc.config import load
     from .app import make_app
     ap = argparse.ArgumentParser(prog="drsvc worker")
     ap.add_argument("--config", default=os.environ.get("DRSVC_CONFIG"), required=not os.environ.get("DRSVC_CONFIG"))
-    ap.add_argument("--role", choices=("data", "control"), default="data")
+    ap.add_argument("--role", choices=("data", "control", "node"), default="data")
+    ap.add_argument("--node", default=os.environ.get("DRSVC_NODE", ""),
+                    help="this storage node's name in the site config's [nodes] (default: $DRSVC_NODE)")
     ap.add_argument("--concurrency", type=int, default=2)
     ap.add_argument("--loglevel", default="INFO")
     ap.add_argument("--hostname", default=None)
     args = ap.parse_args(argv)
-    cfg = load(args.config)
+    if args.role == "node" and not args.node:
+        ap.error("--role node needs --node (or DRSVC_NODE)")
+    cfg = load(args.config, node=args.node)
     app = make_app(cfg)
     app.conf.worker_concurrency = args.concurrency     # the per-peer sync slots follow it
-    queues = cfg.control_queue if args.role == "control" else f"{cfg.queue},{cfg.control_queue}"
-    name = cfg.site if args.role == "data" else f"{cfg.site}-control"
+    queues, name = {"data": (f"{cfg.queue},{cfg.control_queue}", cfg.site),
+                    "control": (cfg.control_queue, f"{cfg.site}-control"),
+                    "node": (cfg.node_queue(args.node) if args.node else "", f"{cfg.site}-{args.node}")}[args.role]
     wargs = ["worker", "-Q", queues, "-c", str(args.concurrency), "-l", args.loglevel, "-E",
              "-n", args.hostname or f"{name}@%h", "--without-gossip", "--without-mingle"]
     app.worker_main(wargs)

@@ -1,0 +1,359 @@
+"""A site of several storage nodes: the controller that holds no pool, and the node side.
+
+The site config lists the nodes (``[nodes.<name>]``). Each node runs a worker on its own
+queue; :class:`ClusterController` answers the CSI controller calls by placing volumes on
+nodes and sending every call that touches a pool to the node holding the object, as a
+task (:class:`NodeCalls`, implemented over Celery by workers.client.NodeDispatcher). On
+the node, :class:`NodeOps` runs the call on the node's own pool with a
+:class:`drsvc.controller.PoolController`.
+
+Routing needs no table: the ids a node hands out start with its name (``n1.vol-…``,
+``n1.snap-…``). A client-chosen name is claimed for one node in the site's Redis before
+the node creates anything, so a retried CreateVolume lands on the node that holds the
+first attempt's volume, whatever capacity says by then.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Protocol
+
+from .config import SiteConfig
+from .controller import Capacity, PoolController, VolumeStatus
+from .errors import (BadPageToken, Conflict, DrsvcError, NoNodeFits, NodeUnreachable, SnapshotExists,
+                     SnapshotNotFound, VolumeNotFound)
+from .ids import check_id, check_map, check_name, name_key
+from .model import Capability, ContentSource, Page, Snapshot, Volume
+from .modify import check_mutable
+from .volumes import DEFAULT_CAPACITY, node_topology, pair_zone
+
+log = logging.getLogger(__name__)
+
+
+class NodeCalls(Protocol):
+    def call(self, node: str, op: str, kwargs: dict, *, wait: float) -> Any:
+        """Run *op* on *node*'s pool and return its JSON result; a domain error raised there
+        is raised here with its class; NodeUnreachable when the node does not answer."""
+
+    def call_each(self, nodes: list[str], op: str, kwargs: dict, *, wait: float) -> dict:
+        """*op* on every node at once: node -> result, or the DrsvcError it ended with."""
+
+    def holder(self, key: str) -> str | None:
+        """The node *key* (a client-chosen name) is claimed for, if any."""
+
+    def claim(self, key: str, node: str) -> str:
+        """Claim *key* for *node* unless it is claimed already: the holder."""
+
+    def release(self, key: str, node: str) -> None:
+        """Drop *key*'s claim if *node* holds it."""
+
+
+# -- the wire between the controller and a node's task: JSON only -----------------------
+def _caps_out(caps) -> list[dict]:
+    return [{"access_type": c.access_type, "access_mode": c.access_mode, "fs_type": c.fs_type,
+             "mount_flags": list(c.mount_flags)} for c in caps]
+
+
+def _caps_in(docs) -> list[Capability]:
+    return [Capability(d["access_type"], d["access_mode"], d.get("fs_type", ""),
+                       tuple(d.get("mount_flags", ()))) for d in docs or ()]
+
+
+def _status_out(st: VolumeStatus) -> dict:
+    return {"volume": st.volume.to_doc(), "published_node_ids": st.published_node_ids, "problem": st.problem}
+
+
+def _status_in(doc: dict) -> VolumeStatus:
+    return VolumeStatus(Volume.from_doc(doc["volume"]), list(doc["published_node_ids"]), doc["problem"])
+
+
+class NodeOps:
+    """The node side: one call from the site's controller, on this node's pool."""
+
+    def __init__(self, ctl: PoolController):
+        self.ctl = ctl
+        self.volumes = ctl.site.volumes
+
+    def run(self, op: str, kwargs: dict) -> Any:
+        handler = getattr(self, f"op_{op}", None)
+        if handler is None:
+            raise DrsvcError(f"unknown node operation {op!r}")
+        return handler(**kwargs)
+
+    def op_probe(self) -> None:
+        self.ctl.probe()
+
+    def op_create_volume(self, name: str, capabilities=(), source=None, **kw) -> dict:
+        src = ContentSource(source["kind"], source["source_id"]) if source else None
+        return self.ctl.create_volume(name, capabilities=_caps_in(capabilities), source=src, **kw).to_doc()
+
+    def op_delete_volume(self, volume_id: str) -> str:
+        """Delete; the name key whose claim the controller may drop ('' if there was none)."""
+        vol = self.volumes.find_volume(check_id(volume_id))
+        self.ctl.delete_volume(volume_id)
+        return name_key("volume", vol.name) if vol is not None else ""
+
+    def op_validate(self, volume_id: str, capabilities=(), parameters=None) -> str:
+        return self.ctl.validate(volume_id, _caps_in(capabilities), parameters or {})
+
+    def op_get_volume(self, volume_id: str) -> dict:
+        return _status_out(self.ctl.get_volume(volume_id))
+
+    def op_list_volumes(self, max_entries: int = 0, token: str = "") -> dict:
+        page = self.ctl.list_volumes(max_entries, token)
+        return {"items": [_status_out(st) for st in page.items], "next_token": page.next_token}
+
+    def op_capacity(self, topology=None, capabilities=(), parameters=None) -> list:
+        c = self.ctl.capacity(topology, _caps_in(capabilities), parameters or {})
+        return [c.available, c.maximum, c.minimum]
+
+    def op_expand_volume(self, volume_id: str, required_bytes: int, limit_bytes: int) -> int:
+        return self.ctl.expand_volume(volume_id, required_bytes, limit_bytes)
+
+    def op_modify_volume(self, volume_id: str, mutable: dict) -> None:
+        self.ctl.modify_volume(volume_id, mutable)
+
+    def op_create_snapshot(self, name: str, source_volume_id: str, parameters=None) -> dict:
+        return self.ctl.create_snapshot(name, source_volume_id, parameters).to_doc()
+
+    def op_delete_snapshot(self, snapshot_id: str) -> str:
+        snap = self.volumes.find_snapshot(check_id(snapshot_id, "snapshot_id"))
+        self.ctl.delete_snapshot(snapshot_id)
+        return name_key("snapshot", snap.name) if snap is not None else ""
+
+    def op_get_snapshot(self, snapshot_id: str) -> dict:
+        return self.ctl.get_snapshot(snapshot_id).to_doc()
+
+    def op_list_snapshots(self, max_entries: int = 0, token: str = "", snapshot_id: str = "",
+                          source_volume_id: str = "") -> dict:
+        page = self.ctl.list_snapshots(max_entries, token, snapshot_id, source_volume_id)
+        return {"items": [s.to_doc() for s in page.items], "next_token": page.next_token}
+
+
+def _matches(topology: dict, term: dict) -> bool:
+    return all(topology.get(k) == v for k, v in term.items())
+
+
+class ClusterController:
+    """The CSI controller calls of a multi-node site, each sent to the node it concerns."""
+
+    SUSPECT_FOR = 30.0    # a node that did not answer is left out of placement this long
+
+    def __init__(self, cfg: SiteConfig, calls: NodeCalls, *, wait: float | None = None, probe_wait: float = 2.0):
+        self.cfg = cfg
+        self.calls = calls
+        self.wait = wait or cfg.node_call_timeout   # one node call
+        self.probe_wait = probe_wait                # capacity asked of every node while placing
+        self._suspect: dict[str, float] = {}        # node -> monotonic time it is asked again
+        zone = pair_zone(cfg.site, cfg.peers, cfg.zone)
+        self.topologies = {n: node_topology(zone, n, c.labels) for n, c in sorted(cfg.nodes.items())}
+
+    @property
+    def site_name(self) -> str:
+        return self.cfg.site
+
+    # -- routing -------------------------------------------------------------------
+    def node_of(self, object_id: str) -> str | None:
+        """The node an id names (None: not an id of this site's nodes)."""
+        node, dot, _ = object_id.partition(".")
+        return node if dot and node in self.cfg.nodes else None
+
+    def _on(self, object_id: str, what: str, missing: DrsvcError, op: str, **kwargs) -> Any:
+        node = self.node_of(check_id(object_id, what))
+        if node is None:
+            raise missing
+        return self.calls.call(node, op, {what: object_id, **kwargs}, wait=self.wait)
+
+    def probe(self) -> None:
+        """Ready when at least one storage node answers."""
+        results = self.calls.call_each(list(self.cfg.nodes), "probe", {}, wait=self.probe_wait)
+        if all(isinstance(r, DrsvcError) for r in results.values()):
+            raise NodeUnreachable(node="(all)", site=self.cfg.site, wait=self.probe_wait,
+                                  reason="no storage node answered")
+
+    # -- placement -----------------------------------------------------------------
+    def _capacities(self, nodes: list[str], capabilities) -> dict[str, int]:
+        """Free bytes of each node that answers in time. A node that did not answer is left
+        out, and not asked again for SUSPECT_FOR seconds, so a dead node does not slow every
+        placement down; when it is the only candidate it is asked all the same."""
+        now = time.monotonic()
+        ask = [n for n in nodes if self._suspect.get(n, 0) <= now] or nodes
+        out = {}
+        for node, r in self.calls.call_each(ask, "capacity", {"capabilities": _caps_out(capabilities)},
+                                            wait=self.probe_wait).items():
+            if isinstance(r, DrsvcError):
+                log.warning("node %s left out of placement for %.0fs: %s", node, self.SUSPECT_FOR, r.message)
+                self._suspect[node] = time.monotonic() + self.SUSPECT_FOR
+            else:
+                self._suspect.pop(node, None)
+                out[node] = r[0]
+        return out
+
+    def place(self, size: int, capabilities, requisite: list[dict], preferred: list[dict]) -> str:
+        """The node for a new volume: the first preferred topology that has room, then any
+        node of the requisite topologies (all nodes when none is given), most free space first."""
+        eligible = [n for n, t in self.topologies.items()
+                    if not requisite or any(_matches(t, term) for term in requisite)]
+        if not eligible:
+            raise NoNodeFits(site=self.cfg.site, reason=f"no node is in the requisite topology {requisite}")
+        free = self._capacities(eligible, capabilities)
+        if not free:
+            raise NodeUnreachable(node=", ".join(eligible), site=self.cfg.site, wait=self.probe_wait,
+                                  reason="no eligible node answered")
+        fits = sorted((n for n in free if free[n] >= size), key=lambda n: (-free[n], n))
+        if not fits:
+            raise NoNodeFits(site=self.cfg.site, reason=f"{size} bytes; the most free on an eligible node "
+                                                        f"is {max(free.values())} bytes")
+        for term in preferred:
+            for n in fits:
+                if _matches(self.topologies[n], term):
+                    return n
+        return fits[0]
+
+    # -- volumes -------------------------------------------------------------------
+    def create_volume(self, name: str, *, required_bytes: int = 0, limit_bytes: int = 0,
+                      capabilities: list[Capability] = (), parameters: dict | None = None,
+                      source: ContentSource | None = None, requisite: list[dict] = (),
+                      preferred: list[dict] = (), mutable: dict | None = None) -> Volume:
+        check_name(name)
+        mutable = check_mutable(dict(mutable or {}))
+        parameters = dict(check_map(parameters or {}, "parameters"))
+        kwargs = {"name": name, "required_bytes": required_bytes, "limit_bytes": limit_bytes,
+                  "capabilities": _caps_out(capabilities), "parameters": parameters,
+                  "source": {"kind": source.kind, "source_id": source.source_id} if source else None,
+                  "requisite": list(requisite), "mutable": mutable}
+        key = name_key("volume", name)
+        holder = self.calls.holder(key)           # a retry goes where the first attempt went
+        made = False
+        if holder is None:
+            chosen = self._source_node(source) if source is not None else \
+                self.place(required_bytes or (min(DEFAULT_CAPACITY, limit_bytes) if limit_bytes else DEFAULT_CAPACITY),
+                           capabilities, list(requisite), list(preferred))
+            holder = self.calls.claim(key, chosen)
+            made = holder == chosen
+        try:
+            return Volume.from_doc(self.calls.call(holder, "create_volume", kwargs, wait=self.wait))
+        except (Conflict, NodeUnreachable):
+            raise           # the name stays with its node: a retry must find its volume there
+        except DrsvcError:
+            if made:        # nothing was created under this name: a retry may place it afresh
+                self.calls.release(key, holder)
+            raise
+
+    def _source_node(self, source: ContentSource) -> str:
+        """A clone is made by reflink, on the node that holds its source."""
+        node = self.node_of(check_id(source.source_id, "source id"))
+        if node is None:
+            if source.kind == "snapshot":
+                raise SnapshotNotFound(snapshot_id=source.source_id)
+            raise VolumeNotFound(volume_id=source.source_id)
+        return node
+
+    def delete_volume(self, volume_id: str) -> None:
+        node = self.node_of(check_id(volume_id))
+        if node is None:
+            return          # not a volume of this site's nodes: nothing to delete
+        if key := self.calls.call(node, "delete_volume", {"volume_id": volume_id}, wait=self.wait):
+            self.calls.release(key, node)
+
+    def validate(self, volume_id: str, capabilities: list[Capability], parameters: dict) -> str:
+        return self._on(volume_id, "volume_id", VolumeNotFound(volume_id=volume_id), "validate",
+                        capabilities=_caps_out(capabilities), parameters=dict(parameters))
+
+    def get_volume(self, volume_id: str) -> VolumeStatus:
+        return _status_in(self._on(volume_id, "volume_id", VolumeNotFound(volume_id=volume_id), "get_volume"))
+
+    def _pages(self, op: str, max_entries: int, token: str, kwargs: dict, decode) -> Page:
+        """A page across the nodes, in node order: the token is '<node>:<that node's token>'."""
+        nodes = sorted(self.cfg.nodes)
+        start, inner = nodes[0], ""
+        if token:
+            start, colon, inner = token.partition(":")
+            if not colon or start not in self.cfg.nodes:
+                raise BadPageToken(token=token[:64])
+        items: list = []
+        for node in nodes[nodes.index(start):]:
+            want = max_entries - len(items) if max_entries else 0
+            page = self.calls.call(node, op, {"max_entries": want, "token": inner, **kwargs}, wait=self.wait)
+            items += [decode(d) for d in page["items"]]
+            inner = ""
+            if page["next_token"]:
+                return Page(items, f"{node}:{page['next_token']}")
+            if max_entries and len(items) >= max_entries:
+                later = nodes[nodes.index(node) + 1:]
+                return Page(items, f"{later[0]}:" if later else "")
+        return Page(items, "")
+
+    def list_volumes(self, max_entries: int = 0, token: str = "") -> Page:
+        return self._pages("list_volumes", max_entries, token, {}, _status_in)
+
+    def capacity(self, topology: dict | None = None, capabilities: list[Capability] = (),
+                 parameters: dict | None = None) -> Capacity:
+        """The nodes in *topology* (all without it): their free space added up, the largest
+        volume one of them can hold, the smallest any accepts. Nodes that do not answer are
+        left out; none answering is UNAVAILABLE."""
+        nodes = [n for n, t in self.topologies.items() if not topology or _matches(t, topology)]
+        if not nodes:
+            return Capacity(0, 0, 0)
+        kwargs = {"capabilities": _caps_out(capabilities), "parameters": dict(parameters or {})}
+        answers = {n: r for n, r in self.calls.call_each(nodes, "capacity", kwargs, wait=self.probe_wait).items()
+                   if not isinstance(r, DrsvcError)}
+        if not answers:
+            raise NodeUnreachable(node=", ".join(nodes), site=self.cfg.site, wait=self.probe_wait,
+                                  reason="no node in that topology answered")
+        return Capacity(sum(a[0] for a in answers.values()), max(a[1] for a in answers.values()),
+                        min(a[2] for a in answers.values()))
+
+    def expand_volume(self, volume_id: str, required_bytes: int, limit_bytes: int) -> int:
+        return self._on(volume_id, "volume_id", VolumeNotFound(volume_id=volume_id), "expand_volume",
+                        required_bytes=required_bytes, limit_bytes=limit_bytes)
+
+    def modify_volume(self, volume_id: str, mutable: dict) -> None:
+        check_id(volume_id)
+        self._on(volume_id, "volume_id", VolumeNotFound(volume_id=volume_id), "modify_volume",
+                 mutable=check_mutable(dict(mutable)))
+
+    # -- snapshots -----------------------------------------------------------------
+    def create_snapshot(self, name: str, source_volume_id: str, parameters: dict | None = None) -> Snapshot:
+        check_name(name)
+        node = self.node_of(check_id(source_volume_id, "source_volume_id"))
+        if node is None:
+            raise VolumeNotFound(volume_id=source_volume_id)
+        key = name_key("snapshot", name)
+        made = self.calls.holder(key) is None
+        if self.calls.claim(key, node) != node:
+            raise SnapshotExists(name=name)       # that name is a snapshot on another node
+        try:
+            doc = self.calls.call(node, "create_snapshot", {"name": name, "source_volume_id": source_volume_id,
+                                                            "parameters": dict(parameters or {})}, wait=self.wait)
+        except (Conflict, NodeUnreachable):
+            raise
+        except DrsvcError:
+            if made:
+                self.calls.release(key, node)
+            raise
+        return Snapshot.from_doc(doc)
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        node = self.node_of(check_id(snapshot_id, "snapshot_id"))
+        if node is None:
+            return
+        if key := self.calls.call(node, "delete_snapshot", {"snapshot_id": snapshot_id}, wait=self.wait):
+            self.calls.release(key, node)
+
+    def get_snapshot(self, snapshot_id: str) -> Snapshot:
+        return Snapshot.from_doc(self._on(snapshot_id, "snapshot_id", SnapshotNotFound(snapshot_id=snapshot_id),
+                                          "get_snapshot"))
+
+    def list_snapshots(self, max_entries: int = 0, token: str = "", snapshot_id: str = "",
+                       source_volume_id: str = "") -> Page:
+        one = snapshot_id or source_volume_id
+        if one:
+            node = self.node_of(one)
+            if node is None:
+                return Page([], "")
+            page = self.calls.call(node, "list_snapshots", {"max_entries": max_entries, "token": token,
+                                                            "snapshot_id": snapshot_id,
+                                                            "source_volume_id": source_volume_id}, wait=self.wait)
+            return Page([Snapshot.from_doc(d) for d in page["items"]], page["next_token"])
+        return self._pages("list_snapshots", max_entries, token, {}, Snapshot.from_doc)

@@ -1,0 +1,202 @@
+"""A site of three storage nodes: the controller (no pool) places volumes and sends every
+pool operation to the node's queue drsvc.<site>.<node> as a Celery task. Real parts: a
+loop-mounted XFS per node, one redis-server, a Celery worker per node, the controller
+plugin over its unix socket (drsvc.lab.NodesLab)."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import grpc
+import pytest
+
+from csi_plugin.gen import csi_pb2, csi_pb2_grpc
+from drsvc.config import load
+from drsvc.lab import NodesLab
+from tests.fixtures.csi import capability
+
+MiB = 1 << 20
+NODE = "topology.drsvc.io/node"
+LABELS = {"n1": {"rack": "r1"}, "n2": {"rack": "r2"}, "n3": {"rack": "r2"}}
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory):
+    lab = NodesLab(tmp_path_factory.mktemp("nodes"), nodes=("n1", "n2", "n3"), pool_size="1G", labels=LABELS)
+    try:
+        lab.build()
+        lab.up()
+        ch = grpc.insecure_channel(lab.endpoint)
+        grpc.channel_ready_future(ch).result(timeout=30)
+        lab.controller = csi_pb2_grpc.ControllerStub(ch)
+        lab.identity = csi_pb2_grpc.IdentityStub(ch)
+        yield lab
+        ch.close()
+    finally:
+        lab.teardown()
+
+
+def create(lab, name, size=64 * MiB, requisite=(), preferred=(), **kw):
+    req = csi_pb2.CreateVolumeRequest(
+        name=name, capacity_range=csi_pb2.CapacityRange(required_bytes=size),
+        volume_capabilities=[capability("ext4")], **kw)
+    for term in requisite:
+        req.accessibility_requirements.requisite.add(segments=term)
+    for term in preferred:
+        req.accessibility_requirements.preferred.add(segments=term)
+    return lab.controller.CreateVolume(req, timeout=60).volume
+
+
+def node_of(vol) -> str:
+    return vol.accessible_topology[0].segments[NODE]
+
+
+def images(lab, node) -> set[str]:
+    d = lab.pool(node) / "images"
+    return {p.name.removesuffix(".img") for p in d.glob("*.img")} if d.exists() else set()
+
+
+def test_controller_advertises_only_what_it_serves(nodes):
+    caps = nodes.identity.GetPluginCapabilities(csi_pb2.GetPluginCapabilitiesRequest()).capabilities
+    services = {c.service.type for c in caps if c.HasField("service")}
+    S = csi_pb2.PluginCapability.Service
+    assert services == {S.CONTROLLER_SERVICE, S.VOLUME_ACCESSIBILITY_CONSTRAINTS}
+    assert nodes.identity.Probe(csi_pb2.ProbeRequest()).ready.value
+    # no Node service here: the node plugins run where the pools are
+    ch = grpc.insecure_channel(nodes.endpoint)
+    with pytest.raises(grpc.RpcError) as e:
+        csi_pb2_grpc.NodeStub(ch).NodeGetInfo(csi_pb2.NodeGetInfoRequest(), timeout=10)
+    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    ch.close()
+
+
+def test_preferred_then_requisite_topology(nodes):
+    # preferred names a node: it is chosen
+    v = create(nodes, "pref-n3", preferred=[{NODE: "n3"}])
+    assert node_of(v) == "n3" and v.volume_id.startswith("n3.")
+    assert v.volume_id in images(nodes, "n3")
+    # requisite rack r2 (n2, n3), preferred n1 (outside it): placed inside the requisite set
+    v = create(nodes, "req-r2", requisite=[{"rack": "r2"}], preferred=[{NODE: "n1"}])
+    assert node_of(v) in ("n2", "n3")
+    assert dict(v.accessible_topology[0].segments)["rack"] == "r2"
+    # a requisite no node offers: RESOURCE_EXHAUSTED, nothing created anywhere
+    before = {n: images(nodes, n) for n in nodes.nodes}
+    with pytest.raises(grpc.RpcError) as e:
+        create(nodes, "nowhere", requisite=[{"rack": "r9"}])
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert {n: images(nodes, n) for n in nodes.nodes} == before
+
+
+def test_without_requirements_places_by_free_capacity(nodes):
+    """Fill n1 and n2 with preallocated volumes: a volume with no topology goes to the node
+    with the most free space, n3 (placement asks every node's GetCapacity)."""
+    big = []
+    for n in ("n1", "n2"):
+        big.append(create(nodes, f"fill-{n}", size=600 * MiB, preferred=[{NODE: n}],
+                          parameters={"preallocate": "true"}))
+    assert [node_of(v) for v in big] == ["n1", "n2"]
+    placed = [node_of(create(nodes, f"free-{i}", size=16 * MiB)) for i in range(3)]
+    assert placed == ["n3"] * 3
+    for v in big:
+        nodes.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=v.volume_id), timeout=60)
+
+
+def test_retry_lands_on_the_first_attempts_node(nodes):
+    """CreateVolume is idempotent across nodes: the name is claimed for its node, so a retry
+    whose placement would now differ (another preferred node) returns the same volume."""
+    a = create(nodes, "claimed", preferred=[{NODE: "n1"}])
+    b = create(nodes, "claimed", preferred=[{NODE: "n2"}])
+    assert a.volume_id == b.volume_id and node_of(b) == "n1"
+    assert sum(a.volume_id in images(nodes, n) for n in nodes.nodes) == 1
+
+
+def test_calls_route_to_the_node_that_holds_the_volume(nodes):
+    v = create(nodes, "routed", preferred=[{NODE: "n2"}])
+    got = nodes.controller.ControllerGetVolume(csi_pb2.ControllerGetVolumeRequest(volume_id=v.volume_id))
+    assert got.volume.volume_id == v.volume_id and node_of(got.volume) == "n2"
+    size = nodes.controller.ControllerExpandVolume(csi_pb2.ControllerExpandVolumeRequest(
+        volume_id=v.volume_id, capacity_range=csi_pb2.CapacityRange(required_bytes=128 * MiB))).capacity_bytes
+    assert size == 128 * MiB
+    assert (nodes.pool("n2") / "images" / f"{v.volume_id}.img").stat().st_size == 128 * MiB
+    snap = nodes.controller.CreateSnapshot(csi_pb2.CreateSnapshotRequest(
+        name="routed-snap", source_volume_id=v.volume_id)).snapshot
+    assert snap.snapshot_id.startswith("n2.") and snap.ready_to_use
+    clone = create(nodes, "routed-clone", volume_content_source=csi_pb2.VolumeContentSource(
+        snapshot=csi_pb2.VolumeContentSource.SnapshotSource(snapshot_id=snap.snapshot_id)))
+    assert node_of(clone) == "n2"          # a clone is a reflink on its source's node
+    listed = nodes.controller.ListSnapshots(csi_pb2.ListSnapshotsRequest(source_volume_id=v.volume_id))
+    assert [e.snapshot.snapshot_id for e in listed.entries] == [snap.snapshot_id]
+    for call, req in ((nodes.controller.DeleteVolume, csi_pb2.DeleteVolumeRequest(volume_id=clone.volume_id)),
+                      (nodes.controller.DeleteSnapshot, csi_pb2.DeleteSnapshotRequest(snapshot_id=snap.snapshot_id)),
+                      (nodes.controller.DeleteVolume, csi_pb2.DeleteVolumeRequest(volume_id=v.volume_id))):
+        call(req, timeout=60)
+        call(req, timeout=60)              # repeat-safe
+    assert v.volume_id not in images(nodes, "n2")
+    with pytest.raises(grpc.RpcError) as e:
+        nodes.controller.ControllerGetVolume(csi_pb2.ControllerGetVolumeRequest(volume_id=v.volume_id))
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    # an id that names no node of this site: NOT_FOUND, and a delete of it is a no-op
+    with pytest.raises(grpc.RpcError) as e:
+        nodes.controller.ControllerGetVolume(csi_pb2.ControllerGetVolumeRequest(volume_id="n9.vol-0"))
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    nodes.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id="n9.vol-0"))
+
+
+def test_list_pages_across_nodes(nodes):
+    made = {create(nodes, f"page-{i}", size=8 * MiB, preferred=[{NODE: f"n{1 + i % 3}"}]).volume_id
+            for i in range(7)}
+    seen, token, pages = [], "", 0
+    while True:
+        r = nodes.controller.ListVolumes(csi_pb2.ListVolumesRequest(max_entries=2, starting_token=token))
+        assert len(r.entries) <= 2
+        seen += [e.volume.volume_id for e in r.entries]
+        pages += 1
+        token = r.next_token
+        if not token:
+            break
+    assert made <= set(seen) and len(seen) == len(set(seen))
+    assert pages >= 4
+    with pytest.raises(grpc.RpcError) as e:
+        nodes.controller.ListVolumes(csi_pb2.ListVolumesRequest(starting_token="bogus"))
+    assert e.value.code() == grpc.StatusCode.ABORTED
+    total = nodes.controller.GetCapacity(csi_pb2.GetCapacityRequest()).available_capacity
+    r2 = nodes.controller.GetCapacity(csi_pb2.GetCapacityRequest(
+        accessible_topology=csi_pb2.Topology(segments={"rack": "r2"}))).available_capacity
+    assert 0 < r2 < total
+
+
+def test_a_dead_nodes_worker_delays_only_its_own_volumes(nodes):
+    """SIGKILL n1's worker: volumes still land on n2 and n3 (placement leaves out a node that
+    does not answer), a call on n1's volume is UNAVAILABLE (retry), and once n1's worker
+    is back, its task (left in its queue, acks_late) has run and the call succeeds."""
+    v1 = create(nodes, "dead-n1", preferred=[{NODE: "n1"}])
+    run = nodes.run
+    pid = run.pid("worker@n1")
+    os.killpg(pid, signal.SIGKILL)
+    try:
+        t0 = time.monotonic()
+        v = create(nodes, "while-n1-dead", preferred=[{NODE: "n1"}])
+        assert node_of(v) in ("n2", "n3")
+        assert time.monotonic() - t0 < 30
+        with pytest.raises(grpc.RpcError) as e:
+            nodes.controller.ControllerExpandVolume(csi_pb2.ControllerExpandVolumeRequest(
+                volume_id=v1.volume_id, capacity_range=csi_pb2.CapacityRange(required_bytes=96 * MiB)),
+                timeout=120)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value.details()
+    finally:
+        run.start("worker@n1")
+    deadline = time.monotonic() + 60
+    while (nodes.pool("n1") / "images" / f"{v1.volume_id}.img").stat().st_size != 96 * MiB:
+        assert time.monotonic() < deadline, "n1's queued expand did not run after its worker came back"
+        time.sleep(0.2)
+    got = nodes.controller.ControllerGetVolume(csi_pb2.ControllerGetVolumeRequest(volume_id=v1.volume_id),
+                                               timeout=60)
+    assert got.volume.capacity_bytes == 96 * MiB
+
+
+def test_config_names_each_nodes_queue(nodes):
+    cfg = load(nodes.config_path)
+    assert cfg.multinode and cfg.pool is None
+    assert [cfg.node_queue(n) for n in sorted(cfg.nodes)] == ["drsvc.a.n1", "drsvc.a.n2", "drsvc.a.n3"]
+    assert load(nodes.config_path, node="n2").pool == nodes.pool("n2")
