@@ -24,14 +24,18 @@ GROUP_CAPS = [VG.VOLUME_GROUP, VG.LIMIT_VOLUME_TO_ONE_VOLUME_GROUP, VG.MODIFY_VO
 
 
 class AddonsIdentity(identity_pb2_grpc.IdentityServicer):
-    def __init__(self, site, replication_enabled: bool):
-        self.site = site
+    """*ctl* is the plugin's controller (drsvc.controller): its site name and its probe.
+    A multi-node site's controller serves no VolumeGroup service yet (groups=False)."""
+
+    def __init__(self, ctl, replication_enabled: bool, *, groups: bool = True):
+        self.ctl = ctl
         self.replication_enabled = replication_enabled
+        self.groups = groups
 
     @rpc
     def GetIdentity(self, req, context):
         return identity_pb2.GetIdentityResponse(name=DRIVER_NAME, vendor_version=drsvc.__version__,
-                                                manifest={"site": self.site.pool.site})
+                                                manifest={"site": self.ctl.site_name})
 
     @rpc
     def GetCapabilities(self, req, context):
@@ -39,12 +43,13 @@ class AddonsIdentity(identity_pb2_grpc.IdentityServicer):
         if self.replication_enabled:
             caps.append(Cap(volume_replication=Cap.VolumeReplication(
                 type=Cap.VolumeReplication.VOLUME_REPLICATION)))
-        caps += [Cap(volume_group=VG(type=t)) for t in GROUP_CAPS]
+        if self.groups:
+            caps += [Cap(volume_group=VG(type=t)) for t in GROUP_CAPS]
         return identity_pb2.GetCapabilitiesResponse(capabilities=caps)
 
     @rpc
     def Probe(self, req, context):
-        self.site.pool.space()
+        self.ctl.probe()
         resp = identity_pb2.ProbeResponse()
         resp.ready.value = True
         return resp
@@ -142,49 +147,52 @@ def source_of(req) -> tuple[str, str]:
 
 
 class ReplicationController(replication_pb2_grpc.ControllerServicer):
-    def __init__(self, site, replication, status):
-        self.site = site
-        self.replication = replication    # drsvc.replication.requests
-        self.status = status              # drsvc.replication.status
+    """*api* answers by (kind, id): drsvc.replication.api.ReplicationAPI over a pool, or
+    drsvc.cluster.ClusterReplication on a multi-node site's controller. *check_secrets*
+    is the site config's."""
 
-    def _unit(self, req):
-        self.site.check_secrets(dict(req.secrets))
-        return self.status.resolve(*source_of(req))
+    def __init__(self, api, check_secrets):
+        self.api = api
+        self.check_secrets = check_secrets
+
+    def _unit(self, req) -> tuple[str, str]:
+        self.check_secrets(dict(req.secrets))
+        return source_of(req)
 
     @rpc
     @seed_codes
     def EnableVolumeReplication(self, req, context):
-        self.replication.enable(self._unit(req), dict(req.parameters))
+        self.api.enable(*self._unit(req), dict(req.parameters))
         return replication_pb2.EnableVolumeReplicationResponse()
 
     @rpc
     @seed_codes
     def DisableVolumeReplication(self, req, context):
-        self.replication.disable(self._unit(req), dict(req.parameters))
+        self.api.disable(*self._unit(req), dict(req.parameters))
         return replication_pb2.DisableVolumeReplicationResponse()
 
     @rpc
     @seed_codes
     def PromoteVolume(self, req, context):
-        self.replication.promote(self._unit(req), force=req.force)
+        self.api.promote(*self._unit(req), req.force)
         return replication_pb2.PromoteVolumeResponse()
 
     @rpc
     @seed_codes
     def DemoteVolume(self, req, context):
-        self.replication.demote(self._unit(req), force=req.force)
+        self.api.demote(*self._unit(req), req.force)
         return replication_pb2.DemoteVolumeResponse()
 
     @rpc
     @seed_codes
     def ResyncVolume(self, req, context):
-        ready = self.replication.resync(self._unit(req), force=req.force)
+        ready = self.api.resync(*self._unit(req), req.force)
         return replication_pb2.ResyncVolumeResponse(ready=ready)
 
     @rpc
     @seed_codes
     def GetVolumeReplicationInfo(self, req, context):
-        info = self.status.info(self._unit(req))
+        info = self.api.info(*self._unit(req))
         R = replication_pb2.GetVolumeReplicationInfoResponse
         resp = R(last_sync_bytes=info.last_sync_bytes, status=R.Status.Value(info.status),
                  status_message=info.status_message)

@@ -13,7 +13,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from drsvc.cluster import ClusterReplication
 from drsvc.controller import PoolController
+from drsvc.replication.api import ReplicationAPI
 from drsvc.site import Site
 
 from drsvc.config import load as load_config, socket_path
@@ -43,14 +45,23 @@ def _serve(server: grpc.Server, names: list[str], sock: Path) -> grpc.Server:
 
 
 def build_controller_server(ctl, sock: Path, *, max_workers: int = 16) -> grpc.Server:
-    """A multi-node site's controller (drsvc.cluster.ClusterController): Identity and
-    Controller only. Node, group and replication services run where the pools are."""
+    """A multi-node site's controller (drsvc.cluster.ClusterController): CSI Identity and
+    Controller, CSI-Addons Identity and Replication (each call sent to the unit's node).
+    Node services run where the pools are; volume groups are not served here yet."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
                          interceptors=[LoggingInterceptor()])
     csi_pb2_grpc.add_IdentityServicer_to_server(
         csi_servicers.Identity(ctl, csi_servicers.CLUSTER_SERVICES), server)
     csi_pb2_grpc.add_ControllerServicer_to_server(csi_servicers.Controller(ctl), server)
     names = [csi_pb2.DESCRIPTOR.services_by_name[s].full_name for s in ("Identity", "Controller")]
+    replicating = bool(ctl.cfg.peers)
+    identity_pb2_grpc.add_IdentityServicer_to_server(
+        addons_servicers.AddonsIdentity(ctl, replicating, groups=False), server)
+    names.append("identity.Identity")
+    if replicating:
+        replication_pb2_grpc.add_ControllerServicer_to_server(
+            addons_servicers.ReplicationController(ClusterReplication(ctl), ctl.cfg.check_secrets), server)
+        names.append("replication.Controller")
     return _serve(server, names, sock)
 
 
@@ -67,12 +78,13 @@ def build_server(site: Site, sock: Path, *, max_workers: int = 16, block_metadat
     names = [csi_pb2.DESCRIPTOR.services_by_name[s].full_name
              for s in ("Identity", "Controller", "Node", "GroupController", "SnapshotMetadata")]
     replicating = site.replication is not None
-    identity_pb2_grpc.add_IdentityServicer_to_server(addons_servicers.AddonsIdentity(site, replicating), server)
+    identity_pb2_grpc.add_IdentityServicer_to_server(addons_servicers.AddonsIdentity(ctl, replicating), server)
     volumegroup_pb2_grpc.add_ControllerServicer_to_server(addons_servicers.VolumeGroupController(site), server)
     names += ["identity.Identity", "volumegroup.Controller"]
     if replicating:
         replication_pb2_grpc.add_ControllerServicer_to_server(
-            addons_servicers.ReplicationController(site, site.replication.requests, site.status), server)
+            addons_servicers.ReplicationController(ReplicationAPI(site.status, site.replication.requests),
+                                                   site.check_secrets), server)
         admin_pb2_grpc.add_AdminServicer_to_server(
             admin_servicer.Admin(site, site.replication.requests, site.status), server)
         names += ["replication.Controller", "drsvc.admin.v1.Admin"]
@@ -129,9 +141,9 @@ def _serve_controller(ap, args) -> int:
     cfg = load_config(Path(args.config))
     if not cfg.multinode:
         ap.error(f"{args.config} lists no [nodes]: a one-node site's plugin is its controller")
-    from drsvc.cluster import ClusterController
     from workers.app import make_app
     from workers.client import NodeDispatcher
+    from drsvc.cluster import ClusterController
     ctl = ClusterController(cfg, NodeDispatcher(make_app(cfg)))
     endpoint = args.endpoint or cfg.endpoint
     if not endpoint:

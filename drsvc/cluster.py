@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import asdict
 from typing import Any, Protocol
 
 from .config import SiteConfig
 from .controller import Capacity, PoolController, VolumeStatus
-from .errors import (BadPageToken, Conflict, DrsvcError, NoNodeFits, NodeUnreachable, SnapshotExists,
-                     SnapshotNotFound, VolumeNotFound)
+from .errors import (BadPageToken, Conflict, DrsvcError, GroupNotFound, NoNodeFits, NodeUnreachable,
+                     ReplicationNotConfigured, SnapshotExists, SnapshotNotFound, VolumeNotFound)
 from .ids import check_id, check_map, check_name, name_key
 from .model import Capability, ContentSource, Page, Snapshot, Volume
 from .modify import check_mutable
+from .replication.status import Info
 from .volumes import DEFAULT_CAPACITY, node_topology, pair_zone
 
 log = logging.getLogger(__name__)
@@ -70,9 +72,10 @@ def _status_in(doc: dict) -> VolumeStatus:
 class NodeOps:
     """The node side: one call from the site's controller, on this node's pool."""
 
-    def __init__(self, ctl: PoolController):
+    def __init__(self, ctl: PoolController, replication=None):
         self.ctl = ctl
         self.volumes = ctl.site.volumes
+        self.replication = replication      # drsvc.replication.api.ReplicationAPI, with peers
 
     def run(self, op: str, kwargs: dict) -> Any:
         handler = getattr(self, f"op_{op}", None)
@@ -124,10 +127,64 @@ class NodeOps:
     def op_get_snapshot(self, snapshot_id: str) -> dict:
         return self.ctl.get_snapshot(snapshot_id).to_doc()
 
+    def op_replication(self, method: str, kind: str, ident: str, **kwargs) -> Any:
+        """A Replication RPC on a unit of this node (drsvc.replication.api.ReplicationAPI)."""
+        if self.replication is None:
+            raise ReplicationNotConfigured(site=self.ctl.site_name)
+        if method not in REPLICATION_METHODS:
+            raise DrsvcError(f"unknown replication call {method!r}")
+        out = getattr(self.replication, method)(kind, ident, **kwargs)
+        return asdict(out) if isinstance(out, Info) else out
+
     def op_list_snapshots(self, max_entries: int = 0, token: str = "", snapshot_id: str = "",
                           source_volume_id: str = "") -> dict:
         page = self.ctl.list_snapshots(max_entries, token, snapshot_id, source_volume_id)
         return {"items": [s.to_doc() for s in page.items], "next_token": page.next_token}
+
+
+REPLICATION_METHODS = ("enable", "disable", "promote", "demote", "resync", "info", "sync_now")
+
+
+class ClusterReplication:
+    """The Replication RPCs of a multi-node site: each runs on the node holding the unit,
+    where the node's own requests dispatch the job to its control queue and wait for it
+    (a node's api worker runs nothing else, so it never waits on itself). Volume groups
+    are not served on a multi-node site yet: a group id names no node (NOT_FOUND)."""
+
+    def __init__(self, ctl: ClusterController, *, rpc_wait: float = 20.0):
+        self.ctl = ctl
+        self.wait = ctl.wait + rpc_wait      # the node's own wait for its job, and the trip
+
+    def _call(self, method: str, kind: str, ident: str, **kwargs) -> Any:
+        check_id(ident, "volume_group_id" if kind == "group" else "volume_id")
+        node = self.ctl.node_of(ident) if kind == "volume" else None
+        if node is None:
+            if kind == "group":
+                raise GroupNotFound(group_id=ident)
+            raise VolumeNotFound(volume_id=ident)
+        return self.ctl.calls.call(node, "replication", {"method": method, "kind": kind, "ident": ident, **kwargs},
+                                   wait=self.wait)
+
+    def enable(self, kind: str, ident: str, params: dict) -> None:
+        self._call("enable", kind, ident, params=dict(params))
+
+    def disable(self, kind: str, ident: str, params: dict) -> None:
+        self._call("disable", kind, ident, params=dict(params))
+
+    def promote(self, kind: str, ident: str, force: bool) -> None:
+        self._call("promote", kind, ident, force=force)
+
+    def demote(self, kind: str, ident: str, force: bool) -> None:
+        self._call("demote", kind, ident, force=force)
+
+    def resync(self, kind: str, ident: str, force: bool) -> bool:
+        return bool(self._call("resync", kind, ident, force=force))
+
+    def info(self, kind: str, ident: str) -> Info:
+        return Info(**self._call("info", kind, ident))
+
+    def sync_now(self, kind: str, ident: str, wait: float | None = None) -> dict:
+        return self._call("sync_now", kind, ident, wait=wait)
 
 
 def _matches(topology: dict, term: dict) -> bool:

@@ -31,6 +31,12 @@ every pool operation to the node's queue ``drsvc.<site>.<node>``::
     labels = { "topology.kubernetes.io/zone" = "rack1" }   # extra topology segments
     # peer_node = "n1"                # the peer site's node that holds its replicas (default:
     #                                 # the same name: node pairs)
+
+and a multi-node peer names the sshd of each of its nodes (one known_hosts pins them all)::
+
+    [peers.b.nodes.n1]
+    host = "10.0.1.1"
+    port = 22
 """
 from __future__ import annotations
 
@@ -64,6 +70,18 @@ class PeerConfig:
     transport: str = "ssh"
     pool: Path | None = None      # transport "local": the peer's pool on this host
     max_syncs: int = 0            # syncs to this peer at once, site-wide (0: the default rule)
+    nodes: dict = field(default_factory=dict)   # a multi-node peer: node -> (host, port) of its sshd
+
+    def at_node(self, node: str, where: str) -> PeerConfig:
+        """This peer as one node of ours reaches it: the sshd of the peer node that holds
+        our node's replicas (a one-node peer: itself)."""
+        if not self.nodes:
+            return self
+        if node not in self.nodes:
+            raise ConfigInvalid(where=where, reason=f"peer {self.name} lists no node {node!r} "
+                                                    f"(its nodes: {', '.join(sorted(self.nodes))})")
+        host, port = self.nodes[node]
+        return replace(self, host=host, port=port, nodes={})
 
 
 @dataclass(frozen=True)
@@ -115,18 +133,39 @@ class SiteConfig:
         """This config as node *node*'s processes read it: its name and its pool."""
         if node not in self.nodes:
             raise NodeNotFound(site=self.site, node=node, names=", ".join(sorted(self.nodes)) or "none")
-        return replace(self, node_id=node, pool=self.nodes[node].pool)
+        n = self.nodes[node]
+        where = str(self.path or "site config")
+        peers = {name: p.at_node(n.replica_node, f"{where} [peers.{name}]") for name, p in self.peers.items()}
+        return replace(self, node_id=node, pool=n.pool, peers=peers)
+
+    @property
+    def is_node(self) -> bool:
+        """This is one storage node's view of a multi-node site (load(..., node=))."""
+        return self.node_id in self.nodes
+
+    @property
+    def scope(self) -> str:
+        """What this process replicates: the site, or one node of it ("a", "a.n1")."""
+        return f"{self.site}.{self.node_id}" if self.is_node else self.site
 
     @property
     def queue(self) -> str:
-        """This site's data queue (syncs): a site's workers serve only their own site."""
-        return f"drsvc.{self.site}"
+        """The data queue (syncs) of this site, or of this node of a multi-node site: a
+        site's workers serve only their own site (and a node's, only its own node)."""
+        return f"drsvc.{self.scope}"
 
     @property
     def control_queue(self) -> str:
-        """This site's control queue (enable, disable, promote, demote, resync): served by a
-        worker of its own, so an operator's or a controller's call never waits behind syncs."""
-        return f"drsvc.{self.site}.control"
+        """The control queue (enable, disable, promote, demote, resync) of this site or node:
+        served by a worker of its own, so an operator's or a controller's call never waits
+        behind syncs."""
+        return f"drsvc.{self.scope}.control"
+
+    def api_queue(self, node: str) -> str:
+        """A node's queue for its site controller's calls (drsvc.cluster.NodeOps): served by
+        a thread-pool worker of the node that runs nothing else, so a call that waits for a
+        control job of the node (a Demote) never waits on itself."""
+        return f"{self.node_queue(node)}.api"
 
     def queue_for(self, op: str) -> str:
         """The queue a drsvc.<op> task goes to: syncs on the data queue, the rest on control."""
@@ -189,12 +228,18 @@ def _peer(name: str, p: dict, where: str, rel) -> PeerConfig:
 
     def path(key: str) -> Path | None:
         return rel(p[key]) if p.get(key) else None
+    nodes = {}
+    for node, addr in (p.get("nodes") or {}).items():
+        check_id(node, "peer node name")
+        if not isinstance(addr, dict) or "host" not in addr:
+            raise ConfigInvalid(where=where, reason=f"nodes.{node} needs host (and port)")
+        nodes[node] = (addr["host"], int(addr.get("port", 22)))
     max_syncs = p.get("max_syncs", 0)
     if not isinstance(max_syncs, int) or isinstance(max_syncs, bool) or max_syncs < 0:
         raise ConfigInvalid(where=where, reason=f"max_syncs must be a whole number >= 0, not {max_syncs!r}")
     return PeerConfig(name=name, host=p.get("host", ""), port=int(p.get("port", 22)), user=p.get("user", "root"),
                       known_hosts=path("known_hosts"), key=path("key"), transport=transport, pool=path("pool"),
-                      max_syncs=max_syncs)
+                      max_syncs=max_syncs, nodes=nodes)
 
 
 def _node(name: str, n: dict, where: str, rel) -> NodeConfig:

@@ -344,3 +344,7 @@ class NoNodeFits(ResourceExhausted):
 
 class NodeUnreachable(Unavailable):
     template = "storage node {node} of site {site} did not answer within {wait:.0f}s: {reason}"
+
+
+class ReplicationNotConfigured(PreconditionFailed):
+    template = "site {site} has no peers in its config: replication is not configured there"

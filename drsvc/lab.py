@@ -23,21 +23,21 @@ from .sitectl import SiteRun
 SSHD = "/usr/sbin/sshd"
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
-def wait_port(port: int, timeout: float = 20) -> None:
+def wait_port(port: int, timeout: float = 20, host: str = "127.0.0.1") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            with socket.create_connection((host, port), timeout=0.5):
                 return
         except OSError:
             time.sleep(0.05)
-    raise Unavailable(f"nothing is listening on 127.0.0.1:{port} after {timeout}s")
+    raise Unavailable(f"nothing is listening on {host}:{port} after {timeout}s")
 
 
 def mount_xfs(root: Path, name: str, size: str) -> tuple[Path, Path]:
@@ -64,6 +64,38 @@ def spawn_redis(d: Path, port: int, password: str | None = None):
     with open(d / "redis.out", "ab") as out:
         p = runner.spawn(argv, stdout=out, stderr=out)
     wait_port(port)
+    return p
+
+
+def authorized_line(pool: Path, pub: str) -> str:
+    """The peer's replication key may run only our receiver, into *pool* (forced command)."""
+    # SHLVL=1: bash then skips root's .bashrc (0.15 s per channel); a production receiver
+    # account should simply have a non-interactive /bin/sh as its shell
+    return f'command="{receiver_command(pool)}",environment="SHLVL=1",restrict {pub}'
+
+
+def start_sshd(k: Path, addr: str, port: int, authorized: list[str]):
+    """An sshd on addr:port with its host key, config and authorized_keys in *k*."""
+    k.mkdir(parents=True, exist_ok=True)
+    os.chmod(k, 0o700)
+    if not (k / "host_ed25519").exists():
+        runner.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"drsvc-host-{addr}-{port}",
+                    "-f", k / "host_ed25519"])
+    (k / "authorized_keys").write_text("\n".join(authorized) + "\n")
+    os.chmod(k / "authorized_keys", 0o600)
+    (k / "sshd_config").write_text("\n".join([
+        f"Port {port}", f"ListenAddress {addr}", f"HostKey {k / 'host_ed25519'}",
+        f"PidFile {k / 'sshd.pid'}", f"AuthorizedKeysFile {k / 'authorized_keys'}",
+        "PermitRootLogin forced-commands-only", "PubkeyAuthentication yes",
+        "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no",
+        "StrictModes no", "AllowTcpForwarding no", "AllowAgentForwarding no", "X11Forwarding no",
+        "PermitTTY no", "PermitTunnel no", "PermitUserEnvironment SHLVL", "PrintMotd no",
+        "Ciphers aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,aes128-ctr",
+        "LogLevel VERBOSE", ""]))
+    Path("/run/sshd").mkdir(exist_ok=True)
+    with open(k / "sshd.log", "ab") as log:      # the child keeps its own descriptor
+        p = runner.spawn([SSHD, "-D", "-e", "-f", k / "sshd_config"], stdout=log, stderr=log)
+    wait_port(port, host=addr)
     return p
 
 
@@ -145,32 +177,12 @@ class Lab:
                                 "-f", k / f"to-{peer}"])
 
     def _start_sshd(self, s: LabSite) -> None:
-        k = s.root / "ssh"
         s.sshd_port = s.sshd_port or free_port()
-        lines = []
-        for peer in self.sites.values():
-            if peer.name != s.name:
-                pub = (peer.root / "ssh" / f"to-{s.name}.pub").read_text().strip()
-                # SHLVL=1: bash then skips root's .bashrc (0.15 s per channel); a production
-                # receiver account should simply have a non-interactive /bin/sh as its shell
-                lines.append(f'command="{receiver_command(s.pool)}",environment="SHLVL=1",restrict {pub}')
-        (k / "authorized_keys").write_text("\n".join(lines) + "\n")
-        os.chmod(k / "authorized_keys", 0o600)
-        (k / "sshd_config").write_text("\n".join([
-            f"Port {s.sshd_port}", "ListenAddress 127.0.0.1", f"HostKey {k / 'host_ed25519'}",
-            f"PidFile {k / 'sshd.pid'}", f"AuthorizedKeysFile {k / 'authorized_keys'}",
-            "PermitRootLogin forced-commands-only", "PubkeyAuthentication yes",
-            "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no",
-            "StrictModes no", "AllowTcpForwarding no", "AllowAgentForwarding no", "X11Forwarding no",
-            "PermitTTY no", "PermitTunnel no", "PermitUserEnvironment SHLVL", "PrintMotd no",
-            "Ciphers aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,aes128-ctr",
-            "LogLevel VERBOSE", ""]))
-        Path("/run/sshd").mkdir(exist_ok=True)
-        with open(k / "sshd.log", "ab") as log:      # the child keeps its own descriptor
-            p = runner.spawn([SSHD, "-D", "-e", "-f", k / "sshd_config"], stdout=log, stderr=log)
+        lines = [authorized_line(s.pool, (peer.root / "ssh" / f"to-{s.name}.pub").read_text().strip())
+                 for peer in self.sites.values() if peer.name != s.name]
+        p = start_sshd(s.root / "ssh", "127.0.0.1", s.sshd_port, lines)
         s.sshd_pid = p.pid
         s.procs.append(p)
-        wait_port(s.sshd_port)
 
     def stop_sshd(self, name: str) -> None:
         """An SSH outage at the site: the listener and every established login (whose
@@ -338,68 +350,151 @@ def _unmount_under(root: Path) -> None:
 
 
 class NodesLab:
-    """One site of several storage nodes on this host: a loop-mounted XFS pool per node, a
-    worker per node on its own queue, one Redis, and the site's controller (no pool).
-    Replication between multi-node sites is not part of it yet."""
+    """Sites of several storage nodes on this host. Each node has its own loop-mounted XFS
+    pool, its own loopback address (127.0.<site>.<node>) with an sshd on it that lets the
+    peer site's key run only the receiver into that node's pool, and its own worker, api
+    worker and scheduler; each site has one Redis and its controller (no pool). Nodes pair
+    by name across the sites (config.NodeConfig.peer_node)."""
 
-    def __init__(self, root: Path, site: str = "a", nodes=("n1", "n2", "n3"), *, pool_size: str = "2G",
-                 labels: dict | None = None, visibility_timeout: int = 20, node_call_timeout: float = 8.0):
+    def __init__(self, root: Path, site: str = "a", nodes=("n1", "n2", "n3"), *, sites=None,
+                 pool_size: str = "2G", labels: dict | None = None, visibility_timeout: int = 20,
+                 node_call_timeout: float = 8.0):
         self.root = Path(root)
-        self.site = site
+        self.sites = tuple(sites or (site,))
+        self.site = self.sites[0]
         self.nodes = tuple(nodes)
         self.pool_size = pool_size
         self.labels = dict(labels or {})          # node -> {label: value}
         self.visibility_timeout = visibility_timeout
         self.node_call_timeout = node_call_timeout
-        self.config_path = self.root / "site.toml"
-        self.redis_port = 0
+        self.redis_ports: dict[str, int] = {}
+        self.sshd: dict[tuple, tuple[str, int]] = {}    # (site, node) -> (addr, port)
         self.procs: list = []
+        self.sshd_procs: dict[tuple, object] = {}
+
+    # -- paths -----------------------------------------------------------------------
+    def config_of(self, site: str | None = None) -> Path:
+        return self.root / (site or self.site) / "site.toml"
+
+    @property
+    def config_path(self) -> Path:
+        return self.config_of()
+
+    def endpoint_of(self, site: str | None = None) -> str:
+        return f"unix://{self.root / (site or self.site)}/controller.sock"
 
     @property
     def endpoint(self) -> str:
-        return f"unix://{self.root}/controller.sock"
+        return self.endpoint_of()
+
+    def pool(self, node: str, site: str | None = None) -> Path:
+        return self.root / (site or self.site) / node / "pool-fs" / "pool"
+
+    def cfg_of(self, site: str | None = None, node: str = "") -> SiteConfig:
+        return load(self.config_of(site), node=node)
 
     @property
     def cfg(self) -> SiteConfig:
-        return load(self.config_path)
+        return self.cfg_of()
+
+    def run_of(self, site: str | None = None) -> SiteRun:
+        return SiteRun(self.cfg_of(site))
 
     @property
     def run(self) -> SiteRun:
-        return SiteRun(self.cfg)
+        return self.run_of()
 
-    def pool(self, node: str) -> Path:
-        return self.root / node / "pool-fs" / "pool"
+    def _ssh(self, site: str) -> Path:
+        return self.root / site / "ssh"
 
+    # -- build -----------------------------------------------------------------------
     def build(self) -> NodesLab:
-        for n in self.nodes:
-            mount_xfs(self.root / n, "pool-fs", self.pool_size)
-        self.redis_port = free_port()
-        self.procs.append(spawn_redis(self.root / "redis", self.redis_port))
+        for si, site in enumerate(self.sites):
+            for ni, n in enumerate(self.nodes):
+                mount_xfs(self.root / site / n, "pool-fs", self.pool_size)
+                addr = f"127.0.{si + 1}.{ni + 1}"
+                self.sshd[(site, n)] = (addr, free_port(addr))
+            self.redis_ports[site] = free_port()
+            self.procs.append(spawn_redis(self.root / site / "redis", self.redis_ports[site]))
+            k = self._ssh(site)
+            k.mkdir(parents=True, exist_ok=True)
+            os.chmod(k, 0o700)
+            for peer in self.sites:
+                if peer != site and not (k / f"to-{peer}").exists():
+                    runner.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"drsvc-{site}-to-{peer}",
+                                "-f", k / f"to-{peer}"])
+        for site in self.sites:
+            for n in self.nodes:
+                self._start_sshd(site, n)
+        for site in self.sites:
+            self._write_config(site)
+        return self
+
+    def _start_sshd(self, site: str, node: str) -> None:
+        if len(self.sites) < 2:
+            return
+        addr, port = self.sshd[(site, node)]
+        lines = [authorized_line(self.pool(node, site), (self._ssh(peer) / f"to-{site}.pub").read_text().strip())
+                 for peer in self.sites if peer != site]
+        self.sshd_procs[(site, node)] = start_sshd(self.root / site / node / "ssh", addr, port, lines)
+
+    def stop_sshd(self, site: str, node: str) -> None:
+        """An SSH outage at one node: its listener and its logins go down."""
+        p = self.sshd_procs.pop((site, node))
+        conns = [int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit() and _ppid(d) == p.pid]
+        for pid in (p.pid, *conns):
+            _kill(pid)
+
+    def start_sshd(self, site: str, node: str) -> None:
+        self._start_sshd(site, node)
+
+    def _write_config(self, site: str) -> None:
         tables = []
         for n in self.nodes:
             labels = ", ".join(f'"{k}" = "{v}"' for k, v in self.labels.get(n, {}).items())
-            tables.append(f'[nodes.{n}]\npool = "{self.pool(n)}"\nlabels = {{ {labels} }}\n')
-        self.config_path.write_text(
-            f'site = "{self.site}"\nendpoint = "{self.endpoint}"\n'
-            f'redis_url = "redis://127.0.0.1:{self.redis_port}/0"\n'
+            tables.append(f'[nodes.{n}]\npool = "{self.pool(n, site)}"\nlabels = {{ {labels} }}\n')
+        for peer in (p for p in self.sites if p != site):
+            kh = self._ssh(site) / f"{peer}.known_hosts"
+            lines = []
+            for n in self.nodes:
+                addr, port = self.sshd[(peer, n)]
+                pub = (self.root / peer / n / "ssh" / "host_ed25519.pub").read_text().split()
+                lines.append(f"[{addr}]:{port} {pub[0]} {pub[1]}")
+            kh.write_text("\n".join(lines) + "\n")
+            first = self.sshd[(peer, self.nodes[0])]
+            tables.append(f'[peers.{peer}]\nhost = "{first[0]}"\nport = {first[1]}\nuser = "root"\n'
+                          f'known_hosts = "{kh}"\nkey = "{self._ssh(site) / f"to-{peer}"}"\n')
+            for n in self.nodes:
+                addr, port = self.sshd[(peer, n)]
+                tables.append(f'[peers.{peer}.nodes.{n}]\nhost = "{addr}"\nport = {port}\n')
+        path = self.config_of(site)
+        path.write_text(
+            f'site = "{site}"\nendpoint = "{self.endpoint_of(site)}"\n'
+            f'redis_url = "redis://127.0.0.1:{self.redis_ports[site]}/0"\n'
             f'visibility_timeout = {self.visibility_timeout}\nnode_call_timeout = {self.node_call_timeout}\n\n'
             + "\n".join(tables))
-        return self
+        os.chmod(path, 0o600)
 
-    def up(self) -> None:
+    # -- processes -------------------------------------------------------------------
+    def up(self, *sites) -> None:
         from .sitectl import node_components
-        for c in node_components(self.cfg):
-            self.run.start(c)
-        self.run.wait_socket()
+        for site in sites or self.sites:
+            run = self.run_of(site)
+            for c in node_components(run.cfg):
+                run.start(c)
+        for site in sites or self.sites:
+            self.run_of(site).wait_socket()
 
     def teardown(self) -> None:
-        if self.config_path.exists():
-            try:
-                from .sitectl import node_components
-                self.run.down(node_components(self.cfg))
-            except Exception:  # noqa: BLE001 - tear down as much as we can
-                pass
-        for p in self.procs:
+        from .sitectl import node_components
+        for site in self.sites:
+            if self.config_of(site).exists():
+                try:
+                    run = self.run_of(site)
+                    run.down(node_components(run.cfg))
+                except Exception:  # noqa: BLE001 - tear down as much as we can
+                    pass
+        for p in [*self.procs, *self.sshd_procs.values()]:
             _kill(p.pid)
         _unmount_under(self.root)
         shutil.rmtree(self.root, ignore_errors=True)

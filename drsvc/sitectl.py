@@ -18,20 +18,27 @@ from .config import SiteConfig, socket_path
 COMPONENTS = ("plugin", "worker", "control", "scheduler", "metrics")
 
 
+NODE_COMPONENTS = ("worker", "api", "scheduler")
+
+
 def node_components(cfg: SiteConfig) -> tuple[str, ...]:
-    """A multi-node site on one host (the lab): its controller and one worker per node."""
-    return ("controller", *(f"worker@{n}" for n in sorted(cfg.nodes)))
+    """A multi-node site on one host (the lab): per node its worker (data and control
+    queues), its api worker (the controller's calls) and its scheduler; then the controller."""
+    return (*(f"{c}@{n}" for n in sorted(cfg.nodes) for c in NODE_COMPONENTS), "controller")
 
 
 def _argv(component: str, cfg: SiteConfig) -> list[str]:
     py = sys.executable
     if component == "controller":        # a multi-node site's controller: no pool
         return [py, "-m", "csi_plugin", "--config", str(cfg.path), "--role", "controller"]
-    if component.startswith("worker@"):   # one storage node's worker, on its node's queue
-        node = component.partition("@")[2]
+    if "@" in component:                 # one storage node's: component@node
+        what, _, node = component.partition("@")
+        if what == "scheduler":
+            return [py, "-m", "workers.scheduler", "--config", str(cfg.path), "--node", node]
+        role = {"worker": "data", "api": "api"}[what]
         return [py, "-c", "import sys; from workers.tasks import worker_main; sys.exit(worker_main())",
-                "--config", str(cfg.path), "--role", "node", "--node", node,
-                "--hostname", f"{cfg.site}-{node}@%h"]
+                "--config", str(cfg.path), "--role", role, "--node", node,
+                "--hostname", f"{cfg.site}-{node}-{what}@%h"]
     if component == "plugin":
         return [py, "-m", "csi_plugin", "--config", str(cfg.path)]
     if component == "worker":

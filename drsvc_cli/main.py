@@ -364,13 +364,14 @@ def cmd_flower(args, out: Output):
 def cmd_worker(args, out: Output):
     from workers.tasks import worker_main
     _config(args.config)
-    return worker_main(["--config", args.config, "--role", args.role, "--concurrency", str(args.concurrency)])
+    argv = ["--config", args.config, "--role", args.role, "--node", args.node]
+    return worker_main(argv + (["--concurrency", str(args.concurrency)] if args.concurrency else []))
 
 
 def cmd_scheduler(args, out: Output):
     from workers.scheduler import main
     _config(args.config)
-    return main(["--config", args.config])
+    return main(["--config", args.config, "--node", args.node])
 
 
 def cmd_metrics(args, out: Output):
@@ -454,10 +455,14 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, parents=[common], help=f"run this site's {name}")
         if name == "metrics":
             p.add_argument("--address", default="127.0.0.1", help="listen address (0.0.0.0 in a pod)")
+        if name in ("worker", "scheduler"):
+            p.add_argument("--node", default=os.environ.get("DRSVC_NODE", ""),
+                           help="a multi-node site: this storage node's name in [nodes] (default: $DRSVC_NODE)")
         if name == "worker":
-            p.add_argument("--role", choices=("data", "control"), default="data",
-                           help="data: syncs (and control when idle); control: only the control queue")
-            p.add_argument("--concurrency", type=int, default=2)
+            p.add_argument("--role", choices=("data", "control", "api"), default="data",
+                           help="data: syncs (and control when idle); control: only the control queue; "
+                                "api: a storage node's calls from its site controller (needs --node)")
+            p.add_argument("--concurrency", type=int, default=None, help="processes (api: threads); default 2 (api 8)")
         p.set_defaults(fn=fn)
     p = sub.add_parser("demo", parents=[common], help="the two-site DR demo on this host; `demo down` removes it")
     p.add_argument("--keep", action="store_true", help="leave the sites running afterwards")

@@ -69,7 +69,7 @@ class NodeDispatcher:
         self.redis = redis.Redis.from_url(self.cfg.redis_url, socket_timeout=10)
 
     def _send(self, node: str, op: str, kwargs: dict, wait: float):
-        return self.app.send_task("drsvc.node", args=[op, kwargs], queue=self.cfg.node_queue(node),
+        return self.app.send_task("drsvc.node", args=[op, kwargs], queue=self.cfg.api_queue(node),
                                   expires=wait if op in READ_ONLY_NODE_OPS else None)
 
     def _result(self, node: str, op: str, result, wait: float):

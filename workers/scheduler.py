@@ -24,6 +24,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from drsvc.config import SiteConfig, load
+from drsvc.pool import Pool
 from drsvc.replication import health
 from drsvc.schedule import catch_up, phase, slot_at_or_before
 from drsvc.replication.status import list_schedules
@@ -35,15 +36,16 @@ LEASE_S = 15
 
 
 @lru_cache(maxsize=4)
-def _app(config_path: str):
+def _app(config_path: str, node: str = ""):
     from .app import make_app
-    return make_app(load(config_path))
+    return make_app(load(config_path, node=node))
 
 
-def enqueue_sync(config_path: str, unit_id: str, interval: int, ph: float | None = None) -> None:
+def enqueue_sync(config_path: str, unit_id: str, interval: int, ph: float | None = None, node: str = "") -> None:
     """The job body: queue one sync unless one is already queued or running. The task
-    carries the slot it was due at, so the worker can record the scheduling delay."""
-    app = _app(config_path)
+    carries the slot it was due at, so the worker can record the scheduling delay. On a
+    multi-node site each node has its scheduler, over its pool, queueing to its queue."""
+    app = _app(config_path, node)
     cfg = app.drsvc_config
     r = redis.Redis.from_url(cfg.redis_url, socket_timeout=10)
     # the marker outlives a dead worker only until its task would be redelivered
@@ -70,7 +72,7 @@ class SiteScheduler:
 
     @property
     def lock_key(self) -> str:
-        return f"drsvc:{self.cfg.site}:scheduler-leader"
+        return f"drsvc:{self.cfg.scope}:scheduler-leader"
 
     def _lead(self) -> bool:
         """Take or renew the leader lease."""
@@ -87,6 +89,7 @@ class SiteScheduler:
             return self.sched is not None
 
     def _start(self) -> None:
+        Pool(self.cfg.pool, site=self.cfg.site).init()     # a node's scheduler may start first
         store = SQLAlchemyJobStore(url=f"sqlite:///{self.cfg.pool}/scheduler.sqlite")
         self.sched = BackgroundScheduler(jobstores={"default": store}, timezone=UTC,
                                          job_defaults={"coalesce": True, "max_instances": 1,
@@ -130,7 +133,7 @@ class SiteScheduler:
             ph = phase(s.unit_id, s.interval, s.start_time)
             start = datetime.fromtimestamp(ph, UTC)
             self.sched.add_job(enqueue_sync, IntervalTrigger(seconds=s.interval, start_date=start),
-                               id=job_id, args=[str(self.cfg.path), s.unit_id, s.interval, ph],
+                               id=job_id, args=[str(self.cfg.path), s.unit_id, s.interval, ph, self.cfg.node_id if self.cfg.is_node else ""],
                                replace_existing=True, name=f"sync {s.unit_id} every {s.interval}s")
             log.info("scheduled %s every %ss", s.unit_id, s.interval)
         self._publish_next_runs()
@@ -166,12 +169,14 @@ class SiteScheduler:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="drsvc scheduler")
     ap.add_argument("--config", default=os.environ.get("DRSVC_CONFIG"))
+    ap.add_argument("--node", default=os.environ.get("DRSVC_NODE", ""),
+                    help="a multi-node site: schedule this storage node's units (default: $DRSVC_NODE)")
     ap.add_argument("--log-level", default="INFO")
     args = ap.parse_args(argv)
     if not args.config:
         ap.error("--config or DRSVC_CONFIG is required")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    s = SiteScheduler(load(args.config))
+    s = SiteScheduler(load(args.config, node=args.node))
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: s.stop.set())
     s.run()

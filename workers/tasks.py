@@ -39,8 +39,12 @@ def node_ops_for(app):
     if key not in _services:
         from drsvc.cluster import NodeOps
         from drsvc.controller import PoolController
+        from drsvc.replication.api import ReplicationAPI
         from drsvc.site import Site
-        _services[key] = NodeOps(PoolController(Site.from_config(app.drsvc_config)))
+        from .client import CeleryDispatcher
+        site = Site.from_config(app.drsvc_config, dispatcher=CeleryDispatcher(app))
+        _services[key] = NodeOps(PoolController(site), ReplicationAPI(site.status, site.replication.requests)
+                                 if app.drsvc_config.peers else None)
     return _services[key]
 
 
@@ -53,12 +57,12 @@ def register(app) -> None:
 
     def _take_slot(r, peer: str, task_id: str):
         """A held slot of *peer* (None: every slot is busy)."""
-        slot = slots.Slot(r, cfg.site, peer, ttl=cfg.visibility_timeout, label=task_id)
+        slot = slots.Slot(r, cfg.scope, peer, ttl=cfg.visibility_timeout, label=task_id)
         try:
             return slot if slot.acquire(cfg.peer_sync_slots(peer, app.conf.worker_concurrency or 2)) else None
         except redis.RedisError as e:      # the sync needs no Redis: run it uncapped
             log.warning("peer sync slots unavailable (%s): running uncapped", type(e).__name__)
-            return slots.Slot(r, cfg.site, peer, ttl=cfg.visibility_timeout)
+            return slots.Slot(r, cfg.scope, peer, ttl=cfg.visibility_timeout)
 
     def make(op: str):
         @app.task(name=f"drsvc.{op}", bind=True, acks_late=True, max_retries=8)
@@ -130,29 +134,32 @@ def worker_main(argv=None) -> int:
     A data worker serves the data queue (syncs) and, when a process is free, the control
     queue too, so a site with no control worker still answers. A control worker serves only
     the control queue: enable, disable, promote, demote and resync never wait behind syncs.
-    A node worker (a site of several storage nodes) serves its node's queue
-    drsvc.<site>.<node>: the site controller's calls on that node's pool."""
+    With --node (a site of several storage nodes), the same for that node's queues
+    drsvc.<site>.<node>[.control], over its pool; role api serves the node's
+    drsvc.<site>.<node>.api, the site controller's calls on that pool, in threads."""
     import argparse
     from drsvc.config import load
     from .app import make_app
     ap = argparse.ArgumentParser(prog="drsvc worker")
     ap.add_argument("--config", default=os.environ.get("DRSVC_CONFIG"), required=not os.environ.get("DRSVC_CONFIG"))
-    ap.add_argument("--role", choices=("data", "control", "node"), default="data")
+    ap.add_argument("--role", choices=("data", "control", "api"), default="data")
     ap.add_argument("--node", default=os.environ.get("DRSVC_NODE", ""),
                     help="this storage node's name in the site config's [nodes] (default: $DRSVC_NODE)")
-    ap.add_argument("--concurrency", type=int, default=2)
+    ap.add_argument("--concurrency", type=int, default=None, help="processes (threads for api); default 2 (api 8)")
     ap.add_argument("--loglevel", default="INFO")
     ap.add_argument("--hostname", default=None)
     args = ap.parse_args(argv)
-    if args.role == "node" and not args.node:
-        ap.error("--role node needs --node (or DRSVC_NODE)")
+    if args.role == "api" and not args.node:
+        ap.error("--role api is a storage node's: it needs --node (or DRSVC_NODE)")
     cfg = load(args.config, node=args.node)
     app = make_app(cfg)
+    args.concurrency = args.concurrency or (8 if args.role == "api" else 2)
     app.conf.worker_concurrency = args.concurrency     # the per-peer sync slots follow it
-    queues, name = {"data": (f"{cfg.queue},{cfg.control_queue}", cfg.site),
-                    "control": (cfg.control_queue, f"{cfg.site}-control"),
-                    "node": (cfg.node_queue(args.node) if args.node else "", f"{cfg.site}-{args.node}")}[args.role]
-    wargs = ["worker", "-Q", queues, "-c", str(args.concurrency), "-l", args.loglevel, "-E",
+    queues, name = {"data": (f"{cfg.queue},{cfg.control_queue}", cfg.scope),
+                    "control": (cfg.control_queue, f"{cfg.scope}-control"),
+                    "api": (cfg.api_queue(args.node) if args.role == "api" else "", f"{cfg.scope}-api")}[args.role]
+    pool = ["-P", "threads"] if args.role == "api" else []   # its calls wait on the node's jobs
+    wargs = ["worker", "-Q", queues, *pool, "-c", str(args.concurrency), "-l", args.loglevel, "-E",
              "-n", args.hostname or f"{name}@%h", "--without-gossip", "--without-mingle"]
     app.worker_main(wargs)
     return 0

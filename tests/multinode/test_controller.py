@@ -167,13 +167,13 @@ def test_list_pages_across_nodes(nodes):
 
 
 def test_a_dead_nodes_worker_delays_only_its_own_volumes(nodes):
-    """SIGKILL n1's worker: volumes still land on n2 and n3 (placement leaves out a node that
-    does not answer), a call on n1's volume is UNAVAILABLE (retry), and once n1's worker
-    is back, its task (left in its queue, acks_late) has run and the call succeeds."""
+    """SIGKILL n1's workers: volumes still land on n2 and n3 (placement leaves out a node
+    that does not answer), a call on n1's volume is UNAVAILABLE (retry), and once n1's
+    workers are back, its task (left in its queue, acks_late) has run and the call succeeds."""
     v1 = create(nodes, "dead-n1", preferred=[{NODE: "n1"}])
     run = nodes.run
-    pid = run.pid("worker@n1")
-    os.killpg(pid, signal.SIGKILL)
+    for c in ("api@n1", "worker@n1"):          # the node's workers die with it
+        os.killpg(run.pid(c), signal.SIGKILL)
     try:
         t0 = time.monotonic()
         v = create(nodes, "while-n1-dead", preferred=[{NODE: "n1"}])
@@ -185,6 +185,7 @@ def test_a_dead_nodes_worker_delays_only_its_own_volumes(nodes):
                 timeout=120)
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value.details()
     finally:
+        run.start("api@n1")
         run.start("worker@n1")
     deadline = time.monotonic() + 60
     while (nodes.pool("n1") / "images" / f"{v1.volume_id}.img").stat().st_size != 96 * MiB:
@@ -199,4 +200,6 @@ def test_config_names_each_nodes_queue(nodes):
     cfg = load(nodes.config_path)
     assert cfg.multinode and cfg.pool is None
     assert [cfg.node_queue(n) for n in sorted(cfg.nodes)] == ["drsvc.a.n1", "drsvc.a.n2", "drsvc.a.n3"]
-    assert load(nodes.config_path, node="n2").pool == nodes.pool("n2")
+    n2 = load(nodes.config_path, node="n2")
+    assert n2.pool == nodes.pool("n2")
+    assert (n2.queue, n2.control_queue, n2.api_queue("n2")) == ("drsvc.a.n2", "drsvc.a.n2.control", "drsvc.a.n2.api")

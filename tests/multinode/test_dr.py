@@ -1,0 +1,143 @@
+"""Two sites of two storage nodes each (drsvc.lab.NodesLab): every call goes to a site's
+controller, which holds no pool; each node has its own pool (loop XFS), its own loopback
+address with an sshd, its own worker, api worker and scheduler. A volume on node n1
+replicates to n1 at the peer, one on n2 to n2 (node pairs), each node's sender talking to
+its peer node's sshd. Planned failover and failback, and a forced failover with a resync,
+with units on different nodes.
+
+The callers' order is kubernetes-csi-addons' (internal/controller/replication.storage/
+volumereplication_controller.go): Demote at the old primary, Promote at the new one; and
+Ramen's forced failover: Promote with force at the survivor, then Demote and Resync (force)
+at the old primary when it comes back."""
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import grpc
+import pytest
+
+from drsvc.lab import NodesLab
+from drsvc.replication.state import find_state
+from tests.dr.helpers import code_of, wait_for, write_random
+from tests.fixtures.sites import Client, image_sha
+
+MiB = 1 << 20
+NODE = "topology.drsvc.io/node"
+INTERVAL = {"schedulingInterval": "2s"}
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    lab = NodesLab(tmp_path_factory.mktemp("mn-dr"), sites=("a", "b"), nodes=("n1", "n2"), pool_size="1G",
+                   node_call_timeout=10)
+    try:
+        lab.build()
+        lab.up()
+        lab.clients = {s: Client(SimpleNamespace(endpoint=lab.endpoint_of(s))) for s in lab.sites}
+        yield lab
+        for c in lab.clients.values():
+            c.close()
+    finally:
+        lab.teardown()
+
+
+def at(lab, site, node):
+    """What tests.dr.helpers needs of a site: its pool (here, one node's)."""
+    return SimpleNamespace(pool=lab.pool(node, site))
+
+
+def on(client, name, node, size=32 * MiB):
+    from csi_plugin.gen import csi_pb2
+    cap = csi_pb2.VolumeCapability(mount=csi_pb2.VolumeCapability.MountVolume(fs_type="ext4"),
+                                   access_mode=csi_pb2.VolumeCapability.AccessMode(mode=1))
+    req = csi_pb2.CreateVolumeRequest(name=name, capacity_range=csi_pb2.CapacityRange(required_bytes=size),
+                                      volume_capabilities=[cap])
+    req.accessibility_requirements.preferred.add(segments={NODE: node})
+    vol = client.controller.CreateVolume(req, timeout=60).volume
+    assert dict(vol.accessible_topology[0].segments)[NODE] == node
+    return vol.volume_id
+
+
+def gen(lab, site, node, unit) -> int:
+    st = find_state(lab.pool(node, site), unit)
+    return st.generation if st else 0
+
+
+def synced(lab, vols: dict, src="a", dst="b", timeout=60):
+    """Two more syncs of each volume from src have landed; its image matches at dst."""
+    start = {v: gen(lab, src, n, v) for v, n in vols.items()}
+    for v, n in vols.items():
+        wait_for(lambda v=v, n=n: gen(lab, src, n, v) >= start[v] + 2, timeout, what=f"two syncs of {v} from {src}")
+        assert image_sha(at(lab, src, n), v) == image_sha(at(lab, dst, n), v), v
+
+
+def test_planned_failover_and_failback_across_nodes(two):
+    A, B = two.clients["a"], two.clients["b"]
+    vols = {on(A, "pf-1", "n1"): "n1", on(A, "pf-2", "n2"): "n2"}
+    for v, n in vols.items():
+        write_random(at(two, "a", n), v, seed=len(v))
+        A.retry("EnableVolumeReplication", volume_id=v, parameters=INTERVAL, sidecar=True)
+    synced(two, vols)
+    for v, n in vols.items():
+        # each replica is on the paired node at b, and nowhere else
+        other = "n2" if n == "n1" else "n1"
+        assert (two.pool(n, "b") / "images" / f"{v}.img").exists()
+        assert not (two.pool(other, "b") / "images" / f"{v}.img").exists()
+        info = A.call("GetVolumeReplicationInfo", volume_id=v)
+        assert info.status == info.HEALTHY, info.status_message
+        # the replica answers at b's controller under the same id, read-only
+        assert code_of(lambda v=v: B.call("GetVolumeReplicationInfo", volume_id=v)) \
+            == grpc.StatusCode.FAILED_PRECONDITION
+
+    for v, n in vols.items():
+        write_random(at(two, "a", n), v, count=4, seed=99)
+        assert code_of(lambda v=v: B.call("PromoteVolume", volume_id=v)) == grpc.StatusCode.FAILED_PRECONDITION
+        A.retry("DemoteVolume", volume_id=v)
+        B.retry("PromoteVolume", volume_id=v)
+        assert image_sha(at(two, "a", n), v) == image_sha(at(two, "b", n), v)
+        assert find_state(two.pool(n, "b"), v).epoch == find_state(two.pool(n, "a"), v).epoch + 1
+
+    # failback: b now syncs back to a, node to node, only what changed
+    for v, n in vols.items():
+        write_random(at(two, "b", n), v, count=5, seed=5)
+    synced(two, vols, src="b", dst="a")
+    for v, n in vols.items():
+        B.retry("DemoteVolume", volume_id=v)
+        A.retry("PromoteVolume", volume_id=v)
+        assert image_sha(at(two, "a", n), v) == image_sha(at(two, "b", n), v)
+    synced(two, vols)
+
+
+def test_forced_failover_with_resync_on_a_node(two):
+    """Node n2 of site a is lost (its sshd and workers stop); b promotes with force; n2
+    comes back still primary and diverged; Demote, then Resync with force discards the
+    divergent blocks. Site a's other node keeps syncing all along."""
+    A, B = two.clients["a"], two.clients["b"]
+    v1, v2 = on(A, "fo-1", "n1"), on(A, "fo-2", "n2")
+    for v, n in ((v1, "n1"), (v2, "n2")):
+        write_random(at(two, "a", n), v, seed=11)
+        A.retry("EnableVolumeReplication", volume_id=v, parameters=INTERVAL, sidecar=True)
+    synced(two, {v1: "n1", v2: "n2"})
+
+    run = two.run_of("a")
+    two.stop_sshd("a", "n2")
+    for c in ("worker@n2", "scheduler@n2"):
+        run.stop(c)
+    try:
+        B.retry("PromoteVolume", volume_id=v2, force=True, sidecar=True)
+        write_random(at(two, "b", "n2"), v2, count=6, seed=12)
+        # the other node of a is not held up
+        synced(two, {v1: "n1"})
+        write_random(at(two, "a", "n2"), v2, count=6, seed=13)     # split brain on n2
+    finally:
+        run.start("worker@n2")
+        run.start("scheduler@n2")
+        two.start_sshd("a", "n2")
+    wait_for(lambda: A.call("GetVolumeReplicationInfo", volume_id=v2).status
+             == A.call("GetVolumeReplicationInfo", volume_id=v2).ERROR, 60, what="a to report the conflict")
+    A.retry("DemoteVolume", volume_id=v2)
+    assert A.retry("ResyncVolume", volume_id=v2, force=True).ready is False
+    wait_for(lambda: A.retry("ResyncVolume", volume_id=v2, force=True).ready, 60, what="resync to finish")
+    assert image_sha(at(two, "a", "n2"), v2) == image_sha(at(two, "b", "n2"), v2)
+    time.sleep(0.1)
