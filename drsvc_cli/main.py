@@ -377,7 +377,7 @@ def cmd_scheduler(args, out: Output):
 def cmd_metrics(args, out: Output):
     from workers.metrics import main
     _config(args.config)
-    return main(["--config", args.config, "--address", args.address])
+    return main(["--config", args.config, "--address", args.address, "--node", args.node])
 
 
 def cmd_demo(args, out: Output):
@@ -455,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, parents=[common], help=f"run this site's {name}")
         if name == "metrics":
             p.add_argument("--address", default="127.0.0.1", help="listen address (0.0.0.0 in a pod)")
-        if name in ("worker", "scheduler"):
+        if name in ("worker", "scheduler", "metrics"):
             p.add_argument("--node", default=os.environ.get("DRSVC_NODE", ""),
                            help="a multi-node site: this storage node's name in [nodes] (default: $DRSVC_NODE)")
         if name == "worker":

@@ -82,11 +82,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="drsvc metrics")
     ap.add_argument("--config", default=os.environ.get("DRSVC_CONFIG"))
     ap.add_argument("--address", default="127.0.0.1")
+    ap.add_argument("--node", default=os.environ.get("DRSVC_NODE", ""),
+                    help="a multi-node site: this storage node's units (their ids name the node)")
     args = ap.parse_args(argv)
     if not args.config:
         ap.error("--config or DRSVC_CONFIG is required")
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cfg = load(args.config)
+    cfg = load(args.config, node=args.node)
+    if cfg.pool is None:
+        ap.error(f"{args.config} lists [nodes]: give --node (or DRSVC_NODE), the node whose units to export")
     if not cfg.metrics_port:
         ap.error(f"{args.config} sets no metrics_port")
     serve(cfg, address=args.address)
