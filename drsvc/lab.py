@@ -471,8 +471,8 @@ class NodesLab:
         path.write_text(
             f'site = "{site}"\nendpoint = "{self.endpoint_of(site)}"\n'
             f'redis_url = "redis://127.0.0.1:{self.redis_ports[site]}/0"\n'
-            f'visibility_timeout = {self.visibility_timeout}\nnode_call_timeout = {self.node_call_timeout}\n\n'
-            + "\n".join(tables))
+            f'visibility_timeout = {self.visibility_timeout}\nnode_call_timeout = {self.node_call_timeout}\n'
+            f'metrics_port = {free_port()}\n\n' + "\n".join(tables))
         os.chmod(path, 0o600)
 
     # -- processes -------------------------------------------------------------------

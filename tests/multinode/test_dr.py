@@ -141,3 +141,32 @@ def test_forced_failover_with_resync_on_a_node(two):
     wait_for(lambda: A.retry("ResyncVolume", volume_id=v2, force=True).ready, 60, what="resync to finish")
     assert image_sha(at(two, "a", "n2"), v2) == image_sha(at(two, "b", "n2"), v2)
     time.sleep(0.1)
+
+
+def test_a_nodes_exporter_shows_its_units(two):
+    """workers.metrics --node: the exporter of node n1 at site a reports n1's units (their
+    ids name the node), none of n2's."""
+    import subprocess
+    import sys
+    import urllib.request
+    A = two.clients["a"]
+    v1, v2 = on(A, "m-1", "n1"), on(A, "m-2", "n2")
+    for v, n in ((v1, "n1"), (v2, "n2")):
+        write_random(at(two, "a", n), v, seed=3)
+        A.retry("EnableVolumeReplication", volume_id=v, parameters=INTERVAL, sidecar=True)
+    synced(two, {v1: "n1", v2: "n2"})
+    cfg = two.cfg_of("a")
+    p = subprocess.Popen([sys.executable, "-m", "workers.metrics", "--config", str(cfg.path), "--node", "n1"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def scrape():
+            try:
+                return urllib.request.urlopen(f"http://127.0.0.1:{cfg.metrics_port}/metrics", timeout=2).read().decode()
+            except OSError:
+                return ""
+        page = wait_for(scrape, 30, what="node n1's exporter")
+        assert f'unit="{v1}"' in page and f'unit="{v2}"' not in page
+        assert "drsvc_replication_lag_seconds" in page
+    finally:
+        p.terminate()
+        p.wait(timeout=20)
