@@ -24,13 +24,11 @@ GROUP_CAPS = [VG.VOLUME_GROUP, VG.LIMIT_VOLUME_TO_ONE_VOLUME_GROUP, VG.MODIFY_VO
 
 
 class AddonsIdentity(identity_pb2_grpc.IdentityServicer):
-    """*ctl* is the plugin's controller (drsvc.controller): its site name and its probe.
-    A multi-node site's controller serves no VolumeGroup service yet (groups=False)."""
+    """*ctl* is the plugin's controller (drsvc.controller): its site name and its probe."""
 
-    def __init__(self, ctl, replication_enabled: bool, *, groups: bool = True):
+    def __init__(self, ctl, replication_enabled: bool):
         self.ctl = ctl
         self.replication_enabled = replication_enabled
-        self.groups = groups
 
     @rpc
     def GetIdentity(self, req, context):
@@ -43,8 +41,7 @@ class AddonsIdentity(identity_pb2_grpc.IdentityServicer):
         if self.replication_enabled:
             caps.append(Cap(volume_replication=Cap.VolumeReplication(
                 type=Cap.VolumeReplication.VOLUME_REPLICATION)))
-        if self.groups:
-            caps += [Cap(volume_group=VG(type=t)) for t in GROUP_CAPS]
+        caps += [Cap(volume_group=VG(type=t)) for t in GROUP_CAPS]
         return identity_pb2.GetCapabilitiesResponse(capabilities=caps)
 
     @rpc
@@ -55,48 +52,52 @@ class AddonsIdentity(identity_pb2_grpc.IdentityServicer):
         return resp
 
 
-def _group(site, g) -> volumegroup_pb2.VolumeGroup:
-    vols = [v for vid in g.volume_ids if (v := site.volumes.find_volume(vid)) is not None]
+def _group(view) -> volumegroup_pb2.VolumeGroup:
+    g = view.group
     return volumegroup_pb2.VolumeGroup(volume_group_id=g.group_id,
                                        volume_group_context={"name": g.name},
-                                       volumes=[convert.volume(v) for v in vols])
+                                       volumes=[convert.volume(v) for v in view.volumes])
 
 
 class VolumeGroupController(volumegroup_pb2_grpc.ControllerServicer):
-    def __init__(self, site):
-        self.site = site
+    """*ctl* is the plugin's controller (drsvc.controller.PoolController, or
+    drsvc.cluster.ClusterController on a multi-node site); *check_secrets* the config's."""
+
+    def __init__(self, ctl, check_secrets):
+        self.ctl = ctl
+        self.check_secrets = check_secrets
 
     @rpc
     def CreateVolumeGroup(self, req, context):
-        self.site.check_secrets(dict(req.secrets))
-        g = self.site.groups.create(req.name, dict(req.parameters), list(req.volume_ids))
-        return volumegroup_pb2.CreateVolumeGroupResponse(volume_group=_group(self.site, g))
+        self.check_secrets(dict(req.secrets))
+        view = self.ctl.create_group(req.name, dict(req.parameters), list(req.volume_ids))
+        return volumegroup_pb2.CreateVolumeGroupResponse(volume_group=_group(view))
 
     @rpc
     def ModifyVolumeGroupMembership(self, req, context):
-        self.site.check_secrets(dict(req.secrets))
-        g = self.site.groups.modify(req.volume_group_id, list(req.volume_ids), dict(req.parameters))
-        return volumegroup_pb2.ModifyVolumeGroupMembershipResponse(volume_group=_group(self.site, g))
+        self.check_secrets(dict(req.secrets))
+        view = self.ctl.modify_group(req.volume_group_id, list(req.volume_ids), dict(req.parameters))
+        return volumegroup_pb2.ModifyVolumeGroupMembershipResponse(volume_group=_group(view))
 
     @rpc
     def DeleteVolumeGroup(self, req, context):
-        self.site.check_secrets(dict(req.secrets))
-        self.site.delete_group(req.volume_group_id)
+        self.check_secrets(dict(req.secrets))
+        self.ctl.delete_group(req.volume_group_id)
         return volumegroup_pb2.DeleteVolumeGroupResponse()
 
     @rpc
     def ListVolumeGroups(self, req, context):
-        self.site.check_secrets(dict(req.secrets))
-        page = self.site.groups.list(req.max_entries, req.starting_token)
+        self.check_secrets(dict(req.secrets))
+        page = self.ctl.list_groups(req.max_entries, req.starting_token)
         E = volumegroup_pb2.ListVolumeGroupsResponse.Entry
         return volumegroup_pb2.ListVolumeGroupsResponse(
-            next_token=page.next_token, entries=[E(volume_group=_group(self.site, g)) for g in page.items])
+            next_token=page.next_token, entries=[E(volume_group=_group(v)) for v in page.items])
 
     @rpc
     def ControllerGetVolumeGroup(self, req, context):
-        self.site.check_secrets(dict(req.secrets))
-        g = self.site.groups.get(req.volume_group_id)
-        return volumegroup_pb2.ControllerGetVolumeGroupResponse(volume_group=_group(self.site, g))
+        self.check_secrets(dict(req.secrets))
+        view = self.ctl.get_group(req.volume_group_id)
+        return volumegroup_pb2.ControllerGetVolumeGroupResponse(volume_group=_group(view))
 
 
 log = logging.getLogger(__name__)

@@ -46,8 +46,9 @@ def _serve(server: grpc.Server, names: list[str], sock: Path) -> grpc.Server:
 
 def build_controller_server(ctl, sock: Path, *, max_workers: int = 16) -> grpc.Server:
     """A multi-node site's controller (drsvc.cluster.ClusterController): CSI Identity and
-    Controller, CSI-Addons Identity and Replication (each call sent to the unit's node).
-    Node services run where the pools are; volume groups are not served here yet."""
+    Controller, CSI-Addons Identity, VolumeGroup and Replication (each call sent to the
+    node of the object). Node services run where the pools are. A group's members sit on
+    one node (for now)."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
                          interceptors=[LoggingInterceptor()])
     csi_pb2_grpc.add_IdentityServicer_to_server(
@@ -55,9 +56,10 @@ def build_controller_server(ctl, sock: Path, *, max_workers: int = 16) -> grpc.S
     csi_pb2_grpc.add_ControllerServicer_to_server(csi_servicers.Controller(ctl), server)
     names = [csi_pb2.DESCRIPTOR.services_by_name[s].full_name for s in ("Identity", "Controller")]
     replicating = bool(ctl.cfg.peers)
-    identity_pb2_grpc.add_IdentityServicer_to_server(
-        addons_servicers.AddonsIdentity(ctl, replicating, groups=False), server)
-    names.append("identity.Identity")
+    identity_pb2_grpc.add_IdentityServicer_to_server(addons_servicers.AddonsIdentity(ctl, replicating), server)
+    volumegroup_pb2_grpc.add_ControllerServicer_to_server(
+        addons_servicers.VolumeGroupController(ctl, ctl.cfg.check_secrets), server)
+    names += ["identity.Identity", "volumegroup.Controller"]
     if replicating:
         replication_pb2_grpc.add_ControllerServicer_to_server(
             addons_servicers.ReplicationController(ClusterReplication(ctl), ctl.cfg.check_secrets), server)
@@ -79,7 +81,7 @@ def build_server(site: Site, sock: Path, *, max_workers: int = 16, block_metadat
              for s in ("Identity", "Controller", "Node", "GroupController", "SnapshotMetadata")]
     replicating = site.replication is not None
     identity_pb2_grpc.add_IdentityServicer_to_server(addons_servicers.AddonsIdentity(ctl, replicating), server)
-    volumegroup_pb2_grpc.add_ControllerServicer_to_server(addons_servicers.VolumeGroupController(site), server)
+    volumegroup_pb2_grpc.add_ControllerServicer_to_server(addons_servicers.VolumeGroupController(ctl, site.check_secrets), server)
     names += ["identity.Identity", "volumegroup.Controller"]
     if replicating:
         replication_pb2_grpc.add_ControllerServicer_to_server(

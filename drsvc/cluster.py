@@ -20,9 +20,11 @@ from dataclasses import asdict
 from typing import Any, Protocol
 
 from .config import SiteConfig
-from .controller import Capacity, PoolController, VolumeStatus
-from .errors import (BadPageToken, Conflict, DrsvcError, GroupNotFound, NoNodeFits, NodeUnreachable,
-                     ReplicationNotConfigured, SnapshotExists, SnapshotNotFound, VolumeNotFound)
+from .controller import Capacity, GroupView, PoolController, VolumeStatus
+from .errors import (BadPageToken, Conflict, DrsvcError, GroupNotFound, GroupSpansNodes, NoNodeFits,
+                     NodeUnreachable, ReplicationNotConfigured, SnapshotExists, SnapshotNotFound,
+                     VolumeNotFound)
+from .groups import Group
 from .ids import check_id, check_map, check_name, name_key
 from .model import Capability, ContentSource, Page, Snapshot, Volume
 from .modify import check_mutable
@@ -67,6 +69,14 @@ def _status_out(st: VolumeStatus) -> dict:
 
 def _status_in(doc: dict) -> VolumeStatus:
     return VolumeStatus(Volume.from_doc(doc["volume"]), list(doc["published_node_ids"]), doc["problem"])
+
+
+def _group_out(view: GroupView) -> dict:
+    return {"group": view.group.to_doc(), "volumes": [v.to_doc() for v in view.volumes]}
+
+
+def _group_in(doc: dict) -> GroupView:
+    return GroupView(Group.from_doc(doc["group"]), [Volume.from_doc(v) for v in doc["volumes"]])
 
 
 class NodeOps:
@@ -127,6 +137,24 @@ class NodeOps:
     def op_get_snapshot(self, snapshot_id: str) -> dict:
         return self.ctl.get_snapshot(snapshot_id).to_doc()
 
+    def op_create_group(self, name: str, parameters=None, volume_ids=()) -> dict:
+        return _group_out(self.ctl.create_group(name, parameters, volume_ids))
+
+    def op_modify_group(self, group_id: str, volume_ids=(), parameters=None) -> dict:
+        return _group_out(self.ctl.modify_group(group_id, volume_ids, parameters))
+
+    def op_delete_group(self, group_id: str) -> str:
+        g = self.ctl.site.groups.find(check_id(group_id, "volume_group_id"))
+        self.ctl.delete_group(group_id)
+        return name_key("group", g.name) if g is not None else ""
+
+    def op_get_group(self, group_id: str) -> dict:
+        return _group_out(self.ctl.get_group(group_id))
+
+    def op_list_groups(self, max_entries: int = 0, token: str = "") -> dict:
+        page = self.ctl.list_groups(max_entries, token)
+        return {"items": [_group_out(v) for v in page.items], "next_token": page.next_token}
+
     def op_replication(self, method: str, kind: str, ident: str, **kwargs) -> Any:
         """A Replication RPC on a unit of this node (drsvc.replication.api.ReplicationAPI)."""
         if self.replication is None:
@@ -148,8 +176,8 @@ REPLICATION_METHODS = ("enable", "disable", "promote", "demote", "resync", "info
 class ClusterReplication:
     """The Replication RPCs of a multi-node site: each runs on the node holding the unit,
     where the node's own requests dispatch the job to its control queue and wait for it
-    (a node's api worker runs nothing else, so it never waits on itself). Volume groups
-    are not served on a multi-node site yet: a group id names no node (NOT_FOUND)."""
+    (a node's api worker runs nothing else, so it never waits on itself). A group's
+    members sit on its node, so a group replicates as on a one-node site."""
 
     def __init__(self, ctl: ClusterController, *, rpc_wait: float = 20.0):
         self.ctl = ctl
@@ -157,7 +185,7 @@ class ClusterReplication:
 
     def _call(self, method: str, kind: str, ident: str, **kwargs) -> Any:
         check_id(ident, "volume_group_id" if kind == "group" else "volume_id")
-        node = self.ctl.node_of(ident) if kind == "volume" else None
+        node = self.ctl.node_of(ident)
         if node is None:
             if kind == "group":
                 raise GroupNotFound(group_id=ident)
@@ -283,8 +311,9 @@ class ClusterController:
         holder = self.calls.holder(key)           # a retry goes where the first attempt went
         made = False
         if holder is None:
-            chosen = self._source_node(source) if source is not None else \
-                self.place(required_bytes or (min(DEFAULT_CAPACITY, limit_bytes) if limit_bytes else DEFAULT_CAPACITY),
+            group = parameters.get("volumeGroup", "")
+            chosen = self._group_node(group, source) if group else self._source_node(source) if source is not None \
+                else self.place(required_bytes or (min(DEFAULT_CAPACITY, limit_bytes) if limit_bytes else DEFAULT_CAPACITY),
                            capabilities, list(requisite), list(preferred))
             holder = self.calls.claim(key, chosen)
             made = holder == chosen
@@ -296,6 +325,15 @@ class ClusterController:
             if made:        # nothing was created under this name: a retry may place it afresh
                 self.calls.release(key, holder)
             raise
+
+    def _group_node(self, group_id: str, source: ContentSource | None) -> str:
+        """A group member is made on its group's node (a clone's source must be there too)."""
+        node = self.node_of(check_id(group_id, "volumeGroup"))
+        if node is None:
+            raise GroupNotFound(group_id=group_id)
+        if source is not None and self._source_node(source) != node:
+            raise GroupSpansNodes(reason=f"the source {source.source_id} is not on group {group_id}'s node {node}")
+        return node
 
     def _source_node(self, source: ContentSource) -> str:
         """A clone is made by reflink, on the node that holds its source."""
@@ -414,3 +452,61 @@ class ClusterController:
                                                             "source_volume_id": source_volume_id}, wait=self.wait)
             return Page([Snapshot.from_doc(d) for d in page["items"]], page["next_token"])
         return self._pages("list_snapshots", max_entries, token, {}, Snapshot.from_doc)
+
+    # -- volume groups: a group and its members sit on one node ------------------------
+    def _members_node(self, volume_ids) -> str | None:
+        nodes = {}
+        for vid in volume_ids:
+            node = self.node_of(check_id(vid))
+            if node is None:
+                raise VolumeNotFound(volume_id=vid)
+            nodes.setdefault(node, []).append(vid)
+        if len(nodes) > 1:
+            raise GroupSpansNodes(reason="; ".join(f"{n}: {', '.join(v)}" for n, v in sorted(nodes.items())))
+        return next(iter(nodes), None)
+
+    def create_group(self, name: str, parameters: dict | None = None, volume_ids=()) -> GroupView:
+        check_name(name)
+        key = name_key("group", name)
+        holder, made = self.calls.holder(key), False
+        if holder is None:
+            chosen = self._members_node(volume_ids) or self.place(0, (), [], [])
+            holder = self.calls.claim(key, chosen)
+            made = holder == chosen
+        elif volume_ids and self._members_node(volume_ids) != holder:
+            raise GroupSpansNodes(reason=f"group {name!r} is on node {holder}")
+        try:
+            return _group_in(self.calls.call(holder, "create_group", {
+                "name": name, "parameters": dict(parameters or {}), "volume_ids": list(volume_ids)}, wait=self.wait))
+        except (Conflict, NodeUnreachable):
+            raise
+        except DrsvcError:
+            if made:
+                self.calls.release(key, holder)
+            raise
+
+    def _group_call(self, group_id: str, op: str, **kwargs):
+        node = self.node_of(check_id(group_id, "volume_group_id"))
+        if node is None:
+            raise GroupNotFound(group_id=group_id)
+        return node, self.calls.call(node, op, {"group_id": group_id, **kwargs}, wait=self.wait)
+
+    def modify_group(self, group_id: str, volume_ids, parameters: dict | None = None) -> GroupView:
+        node = self.node_of(check_id(group_id, "volume_group_id"))
+        if volume_ids and node is not None and self._members_node(volume_ids) != node:
+            raise GroupSpansNodes(reason=f"group {group_id} is on node {node}")
+        return _group_in(self._group_call(group_id, "modify_group", volume_ids=list(volume_ids),
+                                          parameters=dict(parameters or {}))[1])
+
+    def delete_group(self, group_id: str) -> None:
+        if self.node_of(check_id(group_id, "volume_group_id")) is None:
+            return                      # names no node of this site: nothing to delete
+        node, key = self._group_call(group_id, "delete_group")
+        if key:
+            self.calls.release(key, node)
+
+    def get_group(self, group_id: str) -> GroupView:
+        return _group_in(self._group_call(group_id, "get_group")[1])
+
+    def list_groups(self, max_entries: int = 0, token: str = "") -> Page:
+        return self._pages("list_groups", max_entries, token, {}, _group_in)

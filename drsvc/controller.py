@@ -23,6 +23,13 @@ class VolumeStatus:
     problem: str = ""                 # empty: healthy
 
 
+@dataclass
+class GroupView:
+    """A volume group with its member volumes, as the VolumeGroup RPCs answer it."""
+    group: object                     # drsvc.groups.Group
+    volumes: list = field(default_factory=list)
+
+
 @dataclass(frozen=True)
 class Capacity:
     available: int
@@ -97,3 +104,23 @@ class PoolController:
     def list_snapshots(self, max_entries: int = 0, token: str = "", snapshot_id: str = "",
                        source_volume_id: str = "") -> Page:
         return self.site.volumes.list_snapshots(max_entries, token, snapshot_id, source_volume_id)
+
+    # -- volume groups (CSI-Addons VolumeGroup) ---------------------------------------
+    def _view(self, g) -> GroupView:
+        return GroupView(g, [v for vid in g.volume_ids if (v := self.site.volumes.find_volume(vid)) is not None])
+
+    def create_group(self, name: str, parameters: dict | None = None, volume_ids=()) -> GroupView:
+        return self._view(self.site.groups.create(name, dict(parameters or {}), list(volume_ids)))
+
+    def modify_group(self, group_id: str, volume_ids, parameters: dict | None = None) -> GroupView:
+        return self._view(self.site.groups.modify(group_id, list(volume_ids), dict(parameters or {})))
+
+    def delete_group(self, group_id: str) -> None:
+        self.site.delete_group(group_id)
+
+    def get_group(self, group_id: str) -> GroupView:
+        return self._view(self.site.groups.get(group_id))
+
+    def list_groups(self, max_entries: int = 0, token: str = "") -> Page:
+        page = self.site.groups.list(max_entries, token)
+        return Page([self._view(g) for g in page.items], page.next_token)

@@ -348,3 +348,8 @@ class NodeUnreachable(Unavailable):
 
 class ReplicationNotConfigured(PreconditionFailed):
     template = "site {site} has no peers in its config: replication is not configured there"
+
+
+class GroupSpansNodes(InvalidInput):
+    template = ("volumes of one group must sit on one storage node on a multi-node site (for now): "
+                "{reason}")

@@ -98,7 +98,7 @@ class GroupService:
                 # the VolumeGroupReplicationContent at a failover site names the same volumes
                 store.write_doc(self.pool.name_index(key), {"name": name, "group_id": same.group_id})
                 return same
-            g = Group(group_id=new_id("grp"), name=name, parameters=params, max_volumes=limit,
+            g = Group(group_id=new_id(f"{self.volumes.id_prefix}grp"), name=name, parameters=params, max_volumes=limit,
                       created_at=time.time())
             store.write_doc(self.pool.group_meta(g.group_id), g.to_doc())
             store.write_doc(self.pool.name_index(key), {"name": name, "group_id": g.group_id})

@@ -143,8 +143,9 @@ class GroupSnapshotService:
                 self.volumes.get_volume(vid)          # NOT_FOUND before anything is written
             self._check_consistent(sources)
             now = time.time()
-            gs = GroupSnapshot(group_snapshot_id=new_id("gsnap"), name=name, source_volume_ids=sources,
-                               snapshot_ids=[new_id("snap") for _ in sources], parameters=params,
+            prefix = self.volumes.id_prefix
+            gs = GroupSnapshot(group_snapshot_id=new_id(f"{prefix}gsnap"), name=name, source_volume_ids=sources,
+                               snapshot_ids=[new_id(f"{prefix}snap") for _ in sources], parameters=params,
                                created_at=now)
             store.write_doc(self.pool.group_snapshot_meta(gs.group_snapshot_id), gs.to_doc())
             store.write_doc(self.pool.name_index(key), {"name": name, "group_snapshot_id": gs.group_snapshot_id})

@@ -170,3 +170,41 @@ def test_a_nodes_exporter_shows_its_units(two):
     finally:
         p.terminate()
         p.wait(timeout=20)
+
+
+def test_group_on_a_node_replicates_and_fails_over(two):
+    """A volume group on a multi-node site: the group sits on a node, its members are made
+    there (CreateVolume with volumeGroup), and it replicates and fails over as one unit to
+    the paired node. A group whose volumes sit on two nodes is refused (INVALID_ARGUMENT):
+    a consistent capture across nodes is not built yet."""
+    from csi_plugin.gen import volumegroup_pb2
+    A, B = two.clients["a"], two.clients["b"]
+    g = A.groups.CreateVolumeGroup(volumegroup_pb2.CreateVolumeGroupRequest(name="app")).volume_group
+    gid = g.volume_group_id
+    node = gid.partition(".")[0]
+    assert node in two.nodes
+    members = [A.create_volume(f"app-m{i}", 32 * MiB, volumeGroup=gid).volume_id for i in range(2)]
+    assert all(m.startswith(f"{node}.") for m in members)
+    got = A.groups.ControllerGetVolumeGroup(volumegroup_pb2.ControllerGetVolumeGroupRequest(volume_group_id=gid))
+    assert sorted(v.volume_id for v in got.volume_group.volumes) == sorted(members)
+    for m in members:
+        write_random(at(two, "a", node), m, seed=len(m))
+    A.retry("EnableVolumeReplication", group_id=gid, parameters=INTERVAL)
+    start = gen(two, "a", node, gid)
+    wait_for(lambda: gen(two, "a", node, gid) >= start + 2, 60, what="two syncs of the group")
+    for m in members:
+        assert image_sha(at(two, "a", node), m) == image_sha(at(two, "b", node), m)
+    write_random(at(two, "a", node), members[0], count=4, seed=7)
+    A.retry("DemoteVolume", group_id=gid)
+    B.retry("PromoteVolume", group_id=gid)
+    for m in members:
+        assert image_sha(at(two, "a", node), m) == image_sha(at(two, "b", node), m)
+    # the replica group answers at b's controller, on the paired node
+    got = B.groups.ControllerGetVolumeGroup(volumegroup_pb2.ControllerGetVolumeGroupRequest(volume_group_id=gid))
+    assert sorted(v.volume_id for v in got.volume_group.volumes) == sorted(members)
+
+    v1, v2 = on(A, "span-1", "n1"), on(A, "span-2", "n2")
+    with pytest.raises(grpc.RpcError) as e:
+        A.groups.CreateVolumeGroup(volumegroup_pb2.CreateVolumeGroupRequest(name="span", volume_ids=[v1, v2]))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "one storage node" in e.value.details()
