@@ -30,7 +30,8 @@ PService = csi_pb2.PluginCapability.Service.Type
 # a plugin over a pool serves every service; a multi-node site's controller, only these
 POOL_SERVICES = (PService.CONTROLLER_SERVICE, PService.VOLUME_ACCESSIBILITY_CONSTRAINTS,
                  PService.GROUP_CONTROLLER_SERVICE, PService.SNAPSHOT_METADATA_SERVICE)
-CLUSTER_SERVICES = (PService.CONTROLLER_SERVICE, PService.VOLUME_ACCESSIBILITY_CONSTRAINTS)
+CLUSTER_SERVICES = (PService.CONTROLLER_SERVICE, PService.VOLUME_ACCESSIBILITY_CONSTRAINTS,
+                    PService.GROUP_CONTROLLER_SERVICE)
 
 
 class Identity(csi_pb2_grpc.IdentityServicer):

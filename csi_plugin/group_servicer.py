@@ -2,8 +2,7 @@
 from __future__ import annotations
 
 from drsvc.ids import check_map
-from drsvc.site import Site
-from drsvc.snapshots import GroupSnapshot, GroupSnapshotService
+from drsvc.snapshots import GroupSnapshot
 
 from . import convert
 from .errors import rpc
@@ -23,9 +22,11 @@ def _group_snapshot(gs: GroupSnapshot, members) -> csi_pb2.VolumeGroupSnapshot:
 
 
 class GroupController(csi_pb2_grpc.GroupControllerServicer):
-    def __init__(self, site: Site):
-        self.site = site
-        self.groups = GroupSnapshotService(site.pool, site.volumes, site.node)
+    """*ctl* is the plugin's controller: drsvc.controller.PoolController, or on a multi-node
+    site drsvc.cluster.ClusterController (a group snapshot across nodes is cut in parts)."""
+
+    def __init__(self, ctl):
+        self.ctl = ctl
 
     @rpc
     def GroupControllerGetCapabilities(self, req, context):
@@ -36,17 +37,17 @@ class GroupController(csi_pb2_grpc.GroupControllerServicer):
     @rpc
     def CreateVolumeGroupSnapshot(self, req, context):
         check_map(dict(req.secrets), "secrets")
-        gs = self.groups.create(req.name, list(req.source_volume_ids), dict(req.parameters))
-        return csi_pb2.CreateVolumeGroupSnapshotResponse(group_snapshot=_group_snapshot(gs, self.groups.members(gs)))
+        gs, members = self.ctl.create_group_snapshot(req.name, list(req.source_volume_ids), dict(req.parameters))
+        return csi_pb2.CreateVolumeGroupSnapshotResponse(group_snapshot=_group_snapshot(gs, members))
 
     @rpc
     def GetVolumeGroupSnapshot(self, req, context):
         check_map(dict(req.secrets), "secrets")
-        gs, members = self.groups.get(req.group_snapshot_id, list(req.snapshot_ids))
+        gs, members = self.ctl.get_group_snapshot(req.group_snapshot_id, list(req.snapshot_ids))
         return csi_pb2.GetVolumeGroupSnapshotResponse(group_snapshot=_group_snapshot(gs, members))
 
     @rpc
     def DeleteVolumeGroupSnapshot(self, req, context):
         check_map(dict(req.secrets), "secrets")
-        self.groups.delete(req.group_snapshot_id, list(req.snapshot_ids))
+        self.ctl.delete_group_snapshot(req.group_snapshot_id, list(req.snapshot_ids))
         return csi_pb2.DeleteVolumeGroupSnapshotResponse()

@@ -54,7 +54,8 @@ def build_controller_server(ctl, sock: Path, *, max_workers: int = 16) -> grpc.S
     csi_pb2_grpc.add_IdentityServicer_to_server(
         csi_servicers.Identity(ctl, csi_servicers.CLUSTER_SERVICES), server)
     csi_pb2_grpc.add_ControllerServicer_to_server(csi_servicers.Controller(ctl), server)
-    names = [csi_pb2.DESCRIPTOR.services_by_name[s].full_name for s in ("Identity", "Controller")]
+    csi_pb2_grpc.add_GroupControllerServicer_to_server(group_servicer.GroupController(ctl), server)
+    names = [csi_pb2.DESCRIPTOR.services_by_name[s].full_name for s in ("Identity", "Controller", "GroupController")]
     replicating = bool(ctl.cfg.peers)
     identity_pb2_grpc.add_IdentityServicer_to_server(addons_servicers.AddonsIdentity(ctl, replicating), server)
     volumegroup_pb2_grpc.add_ControllerServicer_to_server(
@@ -74,7 +75,7 @@ def build_server(site: Site, sock: Path, *, max_workers: int = 16, block_metadat
     csi_pb2_grpc.add_IdentityServicer_to_server(csi_servicers.Identity(ctl), server)
     csi_pb2_grpc.add_ControllerServicer_to_server(csi_servicers.Controller(ctl), server)
     csi_pb2_grpc.add_NodeServicer_to_server(csi_servicers.Node(site), server)
-    csi_pb2_grpc.add_GroupControllerServicer_to_server(group_servicer.GroupController(site), server)
+    csi_pb2_grpc.add_GroupControllerServicer_to_server(group_servicer.GroupController(ctl), server)
     csi_pb2_grpc.add_SnapshotMetadataServicer_to_server(
         snapshot_metadata_servicer.SnapshotMetadata(site, block_metadata), server)
     names = [csi_pb2.DESCRIPTOR.services_by_name[s].full_name

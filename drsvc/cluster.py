@@ -14,19 +14,23 @@ first attempt's volume, whatever capacity says by then.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
+import secrets
 import time
 from dataclasses import asdict
 from typing import Any, Protocol
 
 from .config import SiteConfig
 from .controller import Capacity, GroupView, PoolController, VolumeStatus
-from .errors import (BadPageToken, Conflict, DrsvcError, GroupNotFound, GroupSpansNodes, NoNodeFits,
-                     NodeUnreachable, ReplicationNotConfigured, SnapshotExists, SnapshotNotFound,
+from .errors import (BadPageToken, Conflict, DrsvcError, GroupNotFound, GroupSnapshotExists,
+                     GroupSnapshotNotFound, GroupSpansNodes, MissingField, NoNodeFits, NodeUnreachable,
+                     ReplicationNotConfigured, SnapshotExists, SnapshotListMismatch, SnapshotNotFound,
                      VolumeNotFound)
 from .groups import Group
 from .ids import check_id, check_map, check_name, name_key
 from .model import Capability, ContentSource, Page, Snapshot, Volume
+from .snapshots import GroupSnapshot
 from .modify import check_mutable
 from .replication.status import Info
 from .volumes import DEFAULT_CAPACITY, node_topology, pair_zone
@@ -40,7 +44,8 @@ class NodeCalls(Protocol):
         is raised here with its class; NodeUnreachable when the node does not answer."""
 
     def call_each(self, nodes: list[str], op: str, kwargs: dict, *, wait: float) -> dict:
-        """*op* on every node at once: node -> result, or the DrsvcError it ended with."""
+        """*op* on every node at once: node -> result, or the DrsvcError it ended with.
+        *kwargs* is the same for all, or {node: kwargs} when it is keyed by every node."""
 
     def holder(self, key: str) -> str | None:
         """The node *key* (a client-chosen name) is claimed for, if any."""
@@ -79,13 +84,45 @@ def _group_in(doc: dict) -> GroupView:
     return GroupView(Group.from_doc(doc["group"]), [Volume.from_doc(v) for v in doc["volumes"]])
 
 
+class Barrier(Protocol):
+    def wait(self) -> None:
+        """Arrive, and return once every party has arrived; raise when one is not in time."""
+
+
+def _gs_out(gs, members) -> dict:
+    return {"gs": gs.to_doc(), "members": [m.to_doc() for m in members]}
+
+
+def _gs_in(doc: dict):
+    return GroupSnapshot.from_doc(doc["gs"]), [Snapshot.from_doc(m) for m in doc["members"]]
+
+
 class NodeOps:
     """The node side: one call from the site's controller, on this node's pool."""
 
-    def __init__(self, ctl: PoolController, replication=None):
+    def __init__(self, ctl: PoolController, replication=None, barrier=None):
         self.ctl = ctl
         self.volumes = ctl.site.volumes
         self.replication = replication      # drsvc.replication.api.ReplicationAPI, with peers
+        self.barrier = barrier              # (key, parties, timeout) -> Barrier, from the edge
+
+    def op_create_group_snapshot(self, name: str, source_volume_ids, parameters=None) -> dict:
+        return _gs_out(*self.ctl.create_group_snapshot(name, source_volume_ids, parameters))
+
+    def op_group_snapshot_part(self, group_snapshot_id: str, name: str, source_volume_ids, snapshot_ids,
+                               parameters, nodes, barrier: str, timeout: float) -> dict:
+        """This node's part of a group snapshot across nodes: freeze, meet every other node
+        at the barrier, clone, thaw."""
+        gss = self.ctl.group_snapshots
+        gs = gss.create_part(group_snapshot_id, name, source_volume_ids, snapshot_ids, parameters, nodes,
+                             self.barrier(barrier, len(nodes), timeout))
+        return _gs_out(gs, gss.members(gs))
+
+    def op_get_group_snapshot(self, group_snapshot_id: str, snapshot_ids=()) -> dict:
+        return _gs_out(*self.ctl.get_group_snapshot(group_snapshot_id, snapshot_ids))
+
+    def op_delete_group_snapshot(self, group_snapshot_id: str, snapshot_ids=()) -> None:
+        self.ctl.delete_group_snapshot(group_snapshot_id, snapshot_ids)
 
     def run(self, op: str, kwargs: dict) -> Any:
         handler = getattr(self, f"op_{op}", None)
@@ -510,3 +547,106 @@ class ClusterController:
 
     def list_groups(self, max_entries: int = 0, token: str = "") -> Page:
         return self._pages("list_groups", max_entries, token, {}, _group_in)
+
+    # -- volume group snapshots: across nodes, cut in parts at one instant ----------------
+    BARRIER_TIMEOUT = 5.0     # the longest a node holds its freeze waiting for the others
+
+    def create_group_snapshot(self, name: str, source_volume_ids, parameters: dict | None = None):
+        check_name(name)
+        if not source_volume_ids:
+            raise MissingField(field="source_volume_ids")
+        sources = list(dict.fromkeys(check_id(v, "source_volume_ids") for v in source_volume_ids))
+        by_node: dict[str, list] = {}
+        for vid in sources:
+            node = self.node_of(vid)
+            if node is None:
+                raise VolumeNotFound(volume_id=vid)
+            by_node.setdefault(node, []).append(vid)
+        params = dict(parameters or {})
+        if len(by_node) == 1:
+            node = next(iter(by_node))
+            return _gs_in(self.calls.call(node, "create_group_snapshot", {
+                "name": name, "source_volume_ids": sources, "parameters": params}, wait=self.wait))
+        nodes = sorted(by_node)
+        key = name_key("group-snapshot", name)
+        fresh = f"{nodes[0]}.gsnap-{secrets.token_hex(12)}"
+        gsid = self.calls.claim(key, fresh)
+        if gsid != fresh:               # a retry, or the name is taken
+            gs, members = self.get_group_snapshot(gsid)
+            if sorted(gs.source_volume_ids) != sorted(sources):
+                raise GroupSnapshotExists(name=name, reason="source volumes")
+            if gs.state == "ready":
+                return gs, members
+        sid = {v: f"{n}.snap-{hashlib.sha256(f'{gsid}/{v}'.encode()).hexdigest()[:24]}"
+               for n, vids in by_node.items() for v in vids}
+        barrier = f"{gsid}:{secrets.token_hex(4)}"      # a fresh meeting per attempt
+        kwargs = {n: {"group_snapshot_id": gsid, "name": name, "source_volume_ids": vids,
+                      "snapshot_ids": [sid[v] for v in vids], "parameters": params, "nodes": nodes,
+                      "barrier": barrier, "timeout": self.BARRIER_TIMEOUT} for n, vids in by_node.items()}
+        parts = self.calls.call_each(nodes, "group_snapshot_part", kwargs, wait=self.wait)
+        failed = {n: r for n, r in parts.items() if isinstance(r, DrsvcError)}
+        if failed:
+            # nothing half-made stays: the parts that were cut are removed, the name let go
+            for n in nodes:
+                try:
+                    self.calls.call(n, "delete_group_snapshot", {"group_snapshot_id": gsid}, wait=self.wait)
+                except DrsvcError as e:
+                    log.warning("group snapshot %s: part on %s not removed: %s", gsid, n, e.message)
+            self.calls.release(key, gsid)
+            raise next(iter(failed.values()))
+        gs, members = self._merge(gsid, [_gs_in(parts[n]) for n in nodes])
+        log.info("group snapshot %s (%s) cut on %d nodes at one instant: the first node froze %.1f ms before "
+                 "the last thawed", gsid, name, len(nodes), gs.freeze_seconds * 1e3)
+        return gs, members
+
+    @staticmethod
+    def _merge(gsid: str, parts: list):
+        """One group snapshot from its parts (node order); its freeze window spans them all."""
+        first = parts[0][0]
+        gs = GroupSnapshot(group_snapshot_id=gsid, name=first.name, parameters=first.parameters,
+                           created_at=min(p.created_at for p, _ in parts), nodes=first.nodes,
+                           state="ready" if all(p.state == "ready" for p, _ in parts) else "creating",
+                           frozen_at=min(p.frozen_at for p, _ in parts),
+                           cloned_at=max(p.cloned_at for p, _ in parts),
+                           thawed_at=max(p.thawed_at for p, _ in parts))
+        gs.freeze_seconds = max(0.0, gs.thawed_at - gs.frozen_at)
+        members = []
+        for p, m in parts:
+            gs.source_volume_ids += p.source_volume_ids
+            gs.snapshot_ids += p.snapshot_ids
+            members += m
+        return gs, members
+
+    def _parts(self, group_snapshot_id: str) -> list:
+        home = self.node_of(check_id(group_snapshot_id, "group_snapshot_id"))
+        if home is None:
+            raise GroupSnapshotNotFound(group_snapshot_id=group_snapshot_id)
+        first = _gs_in(self.calls.call(home, "get_group_snapshot", {"group_snapshot_id": group_snapshot_id},
+                                       wait=self.wait))
+        others = [n for n in first[0].nodes if n != home]
+        return [first] + [_gs_in(self.calls.call(n, "get_group_snapshot", {"group_snapshot_id": group_snapshot_id},
+                                                 wait=self.wait)) for n in others]
+
+    def get_group_snapshot(self, group_snapshot_id: str, snapshot_ids=()):
+        parts = self._parts(group_snapshot_id)
+        if len(parts) == 1 and not parts[0][0].nodes:
+            gs, members = parts[0]               # cut on one node: its own record says it all
+        else:
+            gs, members = self._merge(group_snapshot_id, parts)
+        given = list(snapshot_ids)
+        if given and sorted(set(given)) != sorted(gs.snapshot_ids):
+            raise SnapshotListMismatch(group_snapshot_id=group_snapshot_id,
+                                       reason=f"not members: {sorted(set(given) - set(gs.snapshot_ids))}; "
+                                              f"members not named: {sorted(set(gs.snapshot_ids) - set(given))}")
+        return gs, members
+
+    def delete_group_snapshot(self, group_snapshot_id: str, snapshot_ids=()) -> None:
+        if self.node_of(check_id(group_snapshot_id, "group_snapshot_id")) is None:
+            return
+        try:
+            gs, _ = self.get_group_snapshot(group_snapshot_id, snapshot_ids)
+        except GroupSnapshotNotFound:
+            return
+        for n in (gs.nodes or [self.node_of(group_snapshot_id)])[::-1]:     # the home part last
+            self.calls.call(n, "delete_group_snapshot", {"group_snapshot_id": group_snapshot_id}, wait=self.wait)
+        self.calls.release(name_key("group-snapshot", gs.name), group_snapshot_id)

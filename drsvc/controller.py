@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import snapshots
+from .snapshots import GroupSnapshotService
 from .model import Capability, ContentSource, Page, Snapshot, Volume
 from .modify import VolumeModifier, check_mutable
 
@@ -42,6 +43,7 @@ class PoolController:
 
     def __init__(self, site):
         self.site = site
+        self.group_snapshots = GroupSnapshotService(site.pool, site.volumes, site.node)
 
     @property
     def site_name(self) -> str:
@@ -124,3 +126,15 @@ class PoolController:
     def list_groups(self, max_entries: int = 0, token: str = "") -> Page:
         page = self.site.groups.list(max_entries, token)
         return Page([self._view(g) for g in page.items], page.next_token)
+
+    # -- volume group snapshots (CSI GroupController) -----------------------------------
+    def create_group_snapshot(self, name: str, source_volume_ids, parameters: dict | None = None):
+        """(group snapshot, its member snapshots)."""
+        gs = self.group_snapshots.create(name, list(source_volume_ids), dict(parameters or {}))
+        return gs, self.group_snapshots.members(gs)
+
+    def get_group_snapshot(self, group_snapshot_id: str, snapshot_ids=()):
+        return self.group_snapshots.get(group_snapshot_id, list(snapshot_ids))
+
+    def delete_group_snapshot(self, group_snapshot_id: str, snapshot_ids=()) -> None:
+        self.group_snapshots.delete(group_snapshot_id, list(snapshot_ids))

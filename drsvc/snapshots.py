@@ -11,6 +11,12 @@ Raw block members have no filesystem to freeze: a group of several volumes
 with one published read-write in block mode cannot be captured at one
 instant, and is refused (FAILED_PRECONDITION, as the spec's table says).
 
+On a multi-node site a group snapshot whose members sit on several nodes is cut
+in parts, one per node (:meth:`GroupSnapshotService.create_part`, sent by
+drsvc.cluster as node tasks): every node freezes its members, waits at a barrier
+until every node is frozen, then clones and thaws. The instant is when the last
+node froze; each part records its frozen/cloned/thawed times.
+
 Ordering is intent -> act -> record: the group record and member records are
 written as "creating" before any image, so a retry after a crash resumes by
 name and the same ids, and delete finds every member to remove.
@@ -47,6 +53,12 @@ class GroupSnapshot:
     created_at: float = 0.0
     state: str = "creating"                                # creating | ready
     freeze_seconds: float = 0.0
+    # a part of a group snapshot cut on several nodes (multi-node site): every node's
+    # name, and this part's wall-clock times (the two-phase cut is checked from them)
+    nodes: list = field(default_factory=list)
+    frozen_at: float = 0.0
+    cloned_at: float = 0.0
+    thawed_at: float = 0.0
 
     def to_doc(self) -> dict:
         return asdict(self)
@@ -151,6 +163,32 @@ class GroupSnapshotService:
             store.write_doc(self.pool.name_index(key), {"name": name, "group_snapshot_id": gs.group_snapshot_id})
             return self._capture(gs)
 
+    def create_part(self, group_snapshot_id: str, name: str, source_volume_ids: list[str],
+                    snapshot_ids: list[str], parameters: dict | None, nodes: list[str], barrier) -> GroupSnapshot:
+        """This node's part of a group snapshot cut on several nodes, under the ids the
+        site controller chose. *barrier*.wait(timeout) returns once every node's part is
+        frozen (raises when one is not in time: the freeze is then let go, nothing kept)."""
+        check_id(group_snapshot_id, "group_snapshot_id")
+        sources = [check_id(v, "source_volume_ids") for v in source_volume_ids]
+        sids = [check_id(v, "snapshot_ids") for v in snapshot_ids]
+        params = _check_parameters(parameters)
+        with self.pool.lock(group_snapshot_id):
+            gs = self.find(group_snapshot_id)
+            if gs is not None and gs.state == "ready":
+                return gs
+            for vid in sources:
+                self.volumes.get_volume(vid)
+            self._check_consistent(sources)
+            gs = gs or GroupSnapshot(group_snapshot_id=group_snapshot_id, name=name, source_volume_ids=sources,
+                                     snapshot_ids=sids, parameters=params, created_at=time.time(),
+                                     nodes=list(nodes))
+            store.write_doc(self.pool.group_snapshot_meta(group_snapshot_id), gs.to_doc())
+        try:
+            return self._capture(gs, barrier)
+        except BaseException:
+            self.delete(group_snapshot_id)      # a part not cut at the group's instant is no part
+            raise
+
     def _check_consistent(self, sources: list[str]) -> None:
         if len(sources) < 2:
             return
@@ -160,7 +198,7 @@ class GroupSnapshotService:
                 raise NotGroupConsistent(reason=f"volume {vid} is published read-write as a raw block device, "
                                                 "which has no filesystem to freeze")
 
-    def _capture(self, gs: GroupSnapshot) -> GroupSnapshot:
+    def _capture(self, gs: GroupSnapshot, barrier=None) -> GroupSnapshot:
         pending = []
         for vid, sid in zip(gs.source_volume_ids, gs.snapshot_ids, strict=True):
             snap = self.volumes.find_snapshot(sid)
@@ -172,12 +210,12 @@ class GroupSnapshotService:
                 store.write_doc(self.pool.snapshot_meta(sid), snap.to_doc())
                 pending.append(snap)
         if pending:
-            self._cut(gs, pending)
+            self._cut(gs, pending, barrier)
         gs.state = "ready"
         store.write_doc(self.pool.group_snapshot_meta(gs.group_snapshot_id), gs.to_doc())
         return gs
 
-    def _cut(self, gs: GroupSnapshot, pending: list[Snapshot]) -> None:
+    def _cut(self, gs: GroupSnapshot, pending: list[Snapshot], barrier=None) -> None:
         parts = {s.snapshot_id: self.pool.staging_image(self.pool.snapshot_image(s.snapshot_id)) for s in pending}
         for p in parts.values():
             p.unlink(missing_ok=True)
@@ -193,9 +231,14 @@ class GroupSnapshotService:
             t0 = time.monotonic()
             with freeze.frozen(mounts):
                 t_frozen = time.monotonic()
+                gs.frozen_at = time.time()
+                if barrier is not None:
+                    barrier.wait()             # every node's members are frozen: the instant
+                gs.cloned_at = time.time()
                 for s in pending:
                     reflink.clone_file(images[s.snapshot_id], parts[s.snapshot_id])
             window = time.monotonic() - t_frozen
+            gs.thawed_at = time.time()
             gs.freeze_seconds = window
             log.info("group snapshot %s (%s): %d member(s) cut at one instant; %d filesystem(s) frozen for "
                      "%.1f ms (freeze took %.1f ms)", gs.group_snapshot_id, gs.name, len(pending), len(mounts),

@@ -54,9 +54,11 @@ class CeleryDispatcher:
         raise OperationInProgress(f"{op} of {unit_id} is {result.state}; retry to follow it")
 
 
-# node calls that only read: dropped from a dead node's queue once their caller gave up
-READ_ONLY_NODE_OPS = frozenset({"probe", "capacity", "get_volume", "list_volumes", "validate",
-                                "get_snapshot", "list_snapshots"})
+# node calls dropped from a dead node's queue once their caller gave up: those that only
+# read, and a group snapshot's part (its barrier is long gone by then)
+EXPIRING_NODE_OPS = frozenset({"probe", "capacity", "get_volume", "list_volumes", "validate",
+                               "get_snapshot", "list_snapshots", "get_group", "list_groups",
+                               "get_group_snapshot", "group_snapshot_part"})
 
 
 class NodeDispatcher:
@@ -70,7 +72,7 @@ class NodeDispatcher:
 
     def _send(self, node: str, op: str, kwargs: dict, wait: float):
         return self.app.send_task("drsvc.node", args=[op, kwargs], queue=self.cfg.api_queue(node),
-                                  expires=wait if op in READ_ONLY_NODE_OPS else None)
+                                  expires=wait if op in EXPIRING_NODE_OPS else None)
 
     def _result(self, node: str, op: str, result, wait: float):
         try:
@@ -92,7 +94,8 @@ class NodeDispatcher:
     def call_each(self, nodes: list[str], op: str, kwargs: dict, *, wait: float) -> dict:
         import time
         try:
-            sent = {n: self._send(n, op, kwargs, wait) for n in nodes}
+            per_node = set(kwargs) == set(nodes) and all(isinstance(v, dict) for v in kwargs.values())
+            sent = {n: self._send(n, op, kwargs[n] if per_node else kwargs, wait) for n in nodes}
             deadline = time.monotonic() + wait
             out = {}
             for n, res in sent.items():
@@ -128,3 +131,26 @@ class NodeDispatcher:
             self.redis.eval(self._RELEASE, 1, self._key(key), node)
         except redis.RedisError:
             pass                       # a stale claim only sends a retry to the same node
+
+
+class RedisBarrier:
+    """drsvc.cluster.Barrier in the site's Redis: the parts of a group snapshot cut on
+    several nodes meet here, frozen, before any of them clones."""
+
+    def __init__(self, r: redis.Redis, key: str, parties: int, timeout: float):
+        self.r, self.key, self.parties, self.timeout = r, key, parties, timeout
+
+    def wait(self) -> None:
+        import time
+        from drsvc.errors import NotGroupConsistent
+        try:
+            self.r.incr(self.key)
+            self.r.expire(self.key, 600)
+            deadline = time.monotonic() + self.timeout
+            while int(self.r.get(self.key) or 0) < self.parties:
+                if time.monotonic() > deadline:
+                    raise NotGroupConsistent(reason=f"not every node froze its members within {self.timeout:.0f}s; "
+                                                    "nothing was cut")
+                time.sleep(0.002)
+        except redis.RedisError as e:
+            raise BrokerUnreachable(reason=type(e).__name__) from None

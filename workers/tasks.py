@@ -42,9 +42,15 @@ def node_ops_for(app):
         from drsvc.replication.api import ReplicationAPI
         from drsvc.site import Site
         from .client import CeleryDispatcher
-        site = Site.from_config(app.drsvc_config, dispatcher=CeleryDispatcher(app))
+        from .client import RedisBarrier
+        cfg = app.drsvc_config
+        dispatcher = CeleryDispatcher(app)
+        site = Site.from_config(cfg, dispatcher=dispatcher)
+
+        def barrier(name: str, parties: int, timeout: float):
+            return RedisBarrier(dispatcher.redis, f"drsvc:{cfg.site}:barrier:{name}", parties, timeout)
         _services[key] = NodeOps(PoolController(site), ReplicationAPI(site.status, site.replication.requests)
-                                 if app.drsvc_config.peers else None)
+                                 if cfg.peers else None, barrier)
     return _services[key]
 
 

@@ -4,6 +4,7 @@ loop-mounted XFS per node, one redis-server, a Celery worker per node, the contr
 plugin over its unix socket (drsvc.lab.NodesLab)."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -61,7 +62,7 @@ def test_controller_advertises_only_what_it_serves(nodes):
     caps = nodes.identity.GetPluginCapabilities(csi_pb2.GetPluginCapabilitiesRequest()).capabilities
     services = {c.service.type for c in caps if c.HasField("service")}
     S = csi_pb2.PluginCapability.Service
-    assert services == {S.CONTROLLER_SERVICE, S.VOLUME_ACCESSIBILITY_CONSTRAINTS}
+    assert services == {S.CONTROLLER_SERVICE, S.VOLUME_ACCESSIBILITY_CONSTRAINTS, S.GROUP_CONTROLLER_SERVICE}
     assert nodes.identity.Probe(csi_pb2.ProbeRequest()).ready.value
     # no Node service here: the node plugins run where the pools are
     ch = grpc.insecure_channel(nodes.endpoint)
@@ -203,3 +204,81 @@ def test_config_names_each_nodes_queue(nodes):
     n2 = load(nodes.config_path, node="n2")
     assert n2.pool == nodes.pool("n2")
     assert (n2.queue, n2.control_queue, n2.api_queue("n2")) == ("drsvc.a.n2", "drsvc.a.n2.control", "drsvc.a.n2.api")
+
+
+def test_group_snapshot_across_nodes_is_cut_at_one_instant(nodes, tmp_path):
+    """CreateVolumeGroupSnapshot of volumes on n1, n2 and n3: each node cuts its part as a
+    task; every node freezes its members (n1's is staged and mounted by n1's node plugin,
+    so it is FIFREEZEd) and meets the others at a barrier before any clones. The parts'
+    times show it: the last freeze precedes the first clone. Get merges the parts; Delete
+    removes them on every node. A node that does not answer fails the cut and leaves no
+    part behind."""
+    import hashlib
+    import subprocess
+    import sys
+    sock = tmp_path / "n1.sock"
+    plugin = subprocess.Popen([sys.executable, "-m", "csi_plugin", "--config", str(nodes.config_path), "--node", "n1",
+                               "--endpoint", f"unix://{sock}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ch = grpc.insecure_channel(f"unix://{sock}")
+    try:
+        grpc.channel_ready_future(ch).result(timeout=30)
+        node1 = csi_pb2_grpc.NodeStub(ch)
+        vols = {n: create(nodes, f"gs-{n}", requisite=[{NODE: n}]).volume_id for n in ("n1", "n2", "n3")}
+        stage = tmp_path / "stage-n1"
+        node1.NodeStageVolume(csi_pb2.NodeStageVolumeRequest(
+            volume_id=vols["n1"], staging_target_path=str(stage), volume_capability=capability("ext4")), timeout=60)
+        (stage / "data").write_bytes(os.urandom(1 << 20))
+        for n in ("n2", "n3"):
+            with open(nodes.pool(n) / "images" / f"{vols[n]}.img", "r+b") as f:
+                f.write(os.urandom(1 << 20))
+        sha = {n: hashlib.sha256((nodes.pool(n) / "images" / f"{vols[n]}.img").read_bytes()).hexdigest()
+               for n in ("n2", "n3")}
+        gc = csi_pb2_grpc.GroupControllerStub(grpc.insecure_channel(nodes.endpoint))
+        req = csi_pb2.CreateVolumeGroupSnapshotRequest(name="across", source_volume_ids=list(vols.values()))
+        gs = gc.CreateVolumeGroupSnapshot(req, timeout=60).group_snapshot
+        assert gs.ready_to_use and len(gs.snapshots) == 3
+        by_source = {s.source_volume_id: s.snapshot_id for s in gs.snapshots}
+        for n, v in vols.items():
+            assert by_source[v].startswith(f"{n}.")
+        parts = {n: json.loads((nodes.pool(n) / "group_snapshots" / f"{gs.group_snapshot_id}.json").read_text())
+                 for n in vols}
+        assert max(p["frozen_at"] for p in parts.values()) <= min(p["cloned_at"] for p in parts.values())
+        for n in ("n2", "n3"):
+            snap_img = nodes.pool(n) / "snapshots" / f"{by_source[vols[n]]}.img"
+            assert hashlib.sha256(snap_img.read_bytes()).hexdigest() == sha[n]
+        # a retry by name answers the same group snapshot
+        again = gc.CreateVolumeGroupSnapshot(req, timeout=60).group_snapshot
+        assert again.group_snapshot_id == gs.group_snapshot_id
+        got = gc.GetVolumeGroupSnapshot(csi_pb2.GetVolumeGroupSnapshotRequest(
+            group_snapshot_id=gs.group_snapshot_id, snapshot_ids=list(by_source.values())), timeout=60)
+        assert sorted(s.snapshot_id for s in got.group_snapshot.snapshots) == sorted(by_source.values())
+        with pytest.raises(grpc.RpcError) as e:
+            gc.GetVolumeGroupSnapshot(csi_pb2.GetVolumeGroupSnapshotRequest(
+                group_snapshot_id=gs.group_snapshot_id, snapshot_ids=[by_source[vols["n1"]]]), timeout=60)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        delete = csi_pb2.DeleteVolumeGroupSnapshotRequest(group_snapshot_id=gs.group_snapshot_id)
+        gc.DeleteVolumeGroupSnapshot(delete, timeout=60)
+        gc.DeleteVolumeGroupSnapshot(delete, timeout=60)
+        for n in vols:
+            assert not list((nodes.pool(n) / "group_snapshots").glob("*.json"))
+            assert not list((nodes.pool(n) / "snapshots").glob(f"{n}.snap-*"))
+
+        # n3 does not answer: the cut fails, and no part stays on n1 or n2 (frozen no longer)
+        run = nodes.run
+        os.killpg(run.pid("api@n3"), signal.SIGKILL)
+        try:
+            with pytest.raises(grpc.RpcError) as e:
+                gc.CreateVolumeGroupSnapshot(csi_pb2.CreateVolumeGroupSnapshotRequest(
+                    name="dead", source_volume_ids=list(vols.values())), timeout=120)
+            assert e.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION)
+        finally:
+            run.start("api@n3")
+        for n in ("n1", "n2"):
+            assert not list((nodes.pool(n) / "group_snapshots").glob("*.json"))
+        (stage / "probe").write_text("writable: thawed")
+        node1.NodeUnstageVolume(csi_pb2.NodeUnstageVolumeRequest(
+            volume_id=vols["n1"], staging_target_path=str(stage)), timeout=60)
+    finally:
+        ch.close()
+        plugin.terminate()
+        plugin.wait(timeout=20)
