@@ -268,7 +268,7 @@ class ClusterController:
         self.probe_wait = probe_wait                # capacity asked of every node while placing
         self._suspect: dict[str, float] = {}        # node -> monotonic time it is asked again
         zone = pair_zone(cfg.site, cfg.peers, cfg.zone)
-        self.topologies = {n: node_topology(zone, n, c.labels) for n, c in sorted(cfg.nodes.items())}
+        self.topologies = {n: node_topology(zone, c.pair, c.labels) for n, c in sorted(cfg.nodes.items())}
 
     @property
     def site_name(self) -> str:

@@ -97,6 +97,13 @@ class NodeConfig:
         """The peer site's node that holds this node's replicas (node pairs by name)."""
         return self.peer_node or self.name
 
+    @property
+    def pair(self) -> str:
+        """The value of topology.drsvc.io/node this node advertises: the same at both nodes
+        of a pair (its name, or both names sorted when the pair's names differ), so a PV
+        made here is schedulable on the peer node that holds its replica."""
+        return "-".join(sorted({self.name, self.replica_node}))
+
 
 # queue suffixes a node name must not take
 RESERVED_NODE_NAMES = frozenset({"control"})

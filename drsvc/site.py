@@ -54,7 +54,8 @@ class Site:
         node_cfg = config.nodes.get(node_id) if config is not None else None
         volumes = VolumeService(pool, node_id, zone=pair_zone(site_id, config.peers, config.zone)
                                 if config is not None else None,
-                                node_labels=node_cfg.labels if node_cfg is not None else None)
+                                node_labels=node_cfg.labels if node_cfg is not None else None,
+                                node_pair=node_cfg.pair if node_cfg is not None else "")
         node = NodeService(pool, volumes, node_id, publish_policy=functools.partial(check_writable, pool, volumes))
         groups = GroupService(pool, volumes, in_use=node.in_use,
                               replicated=functools.partial(replication_status.is_enabled, pool.root),

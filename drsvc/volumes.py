@@ -38,11 +38,11 @@ def pair_zone(site: str, peers=(), configured: str = "") -> str:
     return configured or "-".join(sorted({site, *peers}))
 
 
-def node_topology(zone: str, node: str, labels: dict) -> dict:
-    """The topology of a storage node of a multi-node site: its zone, its name, its labels.
-    Node names pair across the sites of a replication pair (config.NodeConfig.peer_node), so
-    a PV restored at the peer is schedulable on the node that holds its replica."""
-    return {**labels, TOPOLOGY_ZONE: zone, TOPOLOGY_NODE: node}
+def node_topology(zone: str, pair: str, labels: dict) -> dict:
+    """The topology of a storage node of a multi-node site: its zone, its pair's name
+    (config.NodeConfig.pair: the same at both nodes of a replication pair, so a PV restored
+    at the peer is schedulable on the node that holds its replica), its labels."""
+    return {**labels, TOPOLOGY_ZONE: zone, TOPOLOGY_NODE: pair}
 
 
 def _round_up(n: int, unit: int) -> int:
@@ -67,7 +67,8 @@ def check_capabilities(caps: list[Capability], *, required: bool = True) -> None
 
 
 class VolumeService:
-    def __init__(self, pool: Pool, node_id: str, *, zone: str | None = None, node_labels: dict | None = None):
+    def __init__(self, pool: Pool, node_id: str, *, zone: str | None = None, node_labels: dict | None = None,
+                 node_pair: str = ""):
         self.pool = pool
         self.node_id = node_id
         self.zone = zone or pool.site
@@ -76,6 +77,7 @@ class VolumeService:
         # routes every later call to it
         self.node_labels = None if node_labels is None else dict(node_labels)
         self.id_prefix = f"{node_id}." if node_labels is not None else ""
+        self.node_pair = node_pair or node_id
 
     # -- topology ------------------------------------------------------------
     # Advertised (NodeGetInfo, every Volume): only the zone, which is the same at both
@@ -84,14 +86,14 @@ class VolumeService:
     @property
     def topology(self) -> dict:
         if self.node_labels is not None:
-            return node_topology(self.zone, self.node_id, self.node_labels)
+            return node_topology(self.zone, self.node_pair, self.node_labels)
         return {TOPOLOGY_ZONE: self.zone}
 
     def _reachable(self, requisite: list[dict], preferred: list[dict]) -> bool:
         terms = requisite or preferred
         if not terms:
             return True
-        mine = {**self.topology, TOPOLOGY_SITE: self.pool.site, TOPOLOGY_NODE: self.node_id}
+        mine = {TOPOLOGY_NODE: self.node_id, **self.topology, TOPOLOGY_SITE: self.pool.site}
         return any(all(mine.get(k) == v for k, v in t.items()) for t in terms)
 
     # -- lookups --------------------------------------------------------------
