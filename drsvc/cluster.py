@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
+import threading
 import time
 from dataclasses import asdict
 from typing import Any, Protocol
@@ -267,6 +268,8 @@ class ClusterController:
         self.wait = wait or cfg.node_call_timeout   # one node call
         self.probe_wait = probe_wait                # capacity asked of every node while placing
         self._suspect: dict[str, float] = {}        # node -> monotonic time it is asked again
+        self._free: dict[str, tuple[float, int]] = {}   # node -> (monotonic expiry, free bytes)
+        self._free_lock = threading.Lock()
         zone = pair_zone(cfg.site, cfg.peers, cfg.zone)
         self.topologies = {n: node_topology(zone, c.pair, c.labels) for n, c in sorted(cfg.nodes.items())}
 
@@ -294,13 +297,24 @@ class ClusterController:
                                   reason="no storage node answered")
 
     # -- placement -----------------------------------------------------------------
+    FREE_TTL = 2.0        # a node's free space, once asked, is reused this long for placement
+
     def _capacities(self, nodes: list[str], capabilities) -> dict[str, int]:
-        """Free bytes of each node that answers in time. A node that did not answer is left
-        out, and not asked again for SUSPECT_FOR seconds, so a dead node does not slow every
-        placement down; when it is the only candidate it is asked all the same."""
+        """Free bytes of each node that answers in time. Answers are reused for FREE_TTL
+        seconds, less what was placed since (a burst of CreateVolume asks each node once).
+        A node that did not answer is left out, and not asked again for SUSPECT_FOR seconds,
+        so a dead node does not slow every placement down; when it is the only candidate it
+        is asked all the same."""
         now = time.monotonic()
-        ask = [n for n in nodes if self._suspect.get(n, 0) <= now] or nodes
         out = {}
+        with self._free_lock:
+            for n in nodes:
+                if n in self._free and self._free[n][0] > now:
+                    out[n] = self._free[n][1]
+        stale = [n for n in nodes if n not in out]
+        ask = [n for n in stale if self._suspect.get(n, 0) <= now] or ([] if out else stale)
+        if not ask:
+            return out
         for node, r in self.calls.call_each(ask, "capacity", {"capabilities": _caps_out(capabilities)},
                                             wait=self.probe_wait).items():
             if isinstance(r, DrsvcError):
@@ -309,7 +323,15 @@ class ClusterController:
             else:
                 self._suspect.pop(node, None)
                 out[node] = r[0]
+                with self._free_lock:
+                    self._free[node] = (time.monotonic() + self.FREE_TTL, r[0])
         return out
+
+    def _placed(self, node: str, size: int) -> None:
+        with self._free_lock:
+            if node in self._free:
+                expiry, free = self._free[node]
+                self._free[node] = (expiry, free - size)
 
     def place(self, size: int, capabilities, requisite: list[dict], preferred: list[dict]) -> str:
         """The node for a new volume: the first preferred topology that has room, then any
@@ -355,13 +377,16 @@ class ClusterController:
             holder = self.calls.claim(key, chosen)
             made = holder == chosen
         try:
-            return Volume.from_doc(self.calls.call(holder, "create_volume", kwargs, wait=self.wait))
+            vol = Volume.from_doc(self.calls.call(holder, "create_volume", kwargs, wait=self.wait))
         except (Conflict, NodeUnreachable):
             raise           # the name stays with its node: a retry must find its volume there
         except DrsvcError:
             if made:        # nothing was created under this name: a retry may place it afresh
                 self.calls.release(key, holder)
             raise
+        if made:
+            self._placed(holder, vol.capacity_bytes)
+        return vol
 
     def _group_node(self, group_id: str, source: ContentSource | None) -> str:
         """A group member is made on its group's node (a clone's source must be there too)."""
