@@ -20,12 +20,12 @@ from typing import Any, Protocol
 
 from .config import SiteConfig
 from .controller import Capacity, PoolController, VolumeStatus
-from .errors import (BadPageToken, Conflict, DrsvcError, NoNodeFits, NodeUnreachable, SnapshotExists,
-                     SnapshotNotFound, VolumeNotFound)
+from .errors import (BadPageToken, CapacityOutOfRange, Conflict, DrsvcError, NoNodeFits, NodeUnreachable,
+                     SnapshotExists, SnapshotNotFound, VolumeNotFound)
 from .ids import check_id, check_map, check_name, name_key
 from .model import Capability, ContentSource, Page, Snapshot, Volume
 from .modify import check_mutable
-from .volumes import DEFAULT_CAPACITY, node_topology, pair_zone
+from .volumes import DEFAULT_CAPACITY, check_capabilities, node_topology, pair_zone
 
 log = logging.getLogger(__name__)
 
@@ -172,10 +172,10 @@ class ClusterController:
                                   reason="no storage node answered")
 
     # -- placement -----------------------------------------------------------------
-    def _capacities(self, nodes: list[str], capabilities) -> dict[str, int]:
-        """Free bytes of each node that answers in time. A node that did not answer is left
-        out, and not asked again for SUSPECT_FOR seconds, so a dead node does not slow every
-        placement down; when it is the only candidate it is asked all the same."""
+    def _capacities(self, nodes: list[str], capabilities) -> dict[str, list]:
+        """[free, maximum, minimum] bytes of each node that answers in time. A node that did not
+        answer is left out, and not asked again for SUSPECT_FOR seconds, so a dead node does not
+        slow every placement down; when it is the only candidate it is asked all the same."""
         now = time.monotonic()
         ask = [n for n in nodes if self._suspect.get(n, 0) <= now] or nodes
         out = {}
@@ -186,7 +186,7 @@ class ClusterController:
                 self._suspect[node] = time.monotonic() + self.SUSPECT_FOR
             else:
                 self._suspect.pop(node, None)
-                out[node] = r[0]
+                out[node] = r
         return out
 
     def place(self, size: int, capabilities, requisite: list[dict], preferred: list[dict]) -> str:
@@ -196,10 +196,16 @@ class ClusterController:
                     if not requisite or any(_matches(t, term) for term in requisite)]
         if not eligible:
             raise NoNodeFits(site=self.cfg.site, reason=f"no node is in the requisite topology {requisite}")
-        free = self._capacities(eligible, capabilities)
-        if not free:
+        caps = self._capacities(eligible, capabilities)
+        if not caps:
             raise NodeUnreachable(node=", ".join(eligible), site=self.cfg.site, wait=self.probe_wait,
                                   reason="no eligible node answered")
+        if all(size > c[1] for c in caps.values()):
+            # larger than any eligible node's whole pool: no placement ever fits, the range is
+            # what is wrong (OUT_OF_RANGE, as a one-node site's plugin answers)
+            raise CapacityOutOfRange(reason=f"{size} bytes exceeds the size of every eligible node's pool "
+                                            f"(the largest is {max(c[1] for c in caps.values())} bytes)")
+        free = {n: c[0] for n, c in caps.items()}
         fits = sorted((n for n in free if free[n] >= size), key=lambda n: (-free[n], n))
         if not fits:
             raise NoNodeFits(site=self.cfg.site, reason=f"{size} bytes; the most free on an eligible node "
@@ -216,6 +222,7 @@ class ClusterController:
                       source: ContentSource | None = None, requisite: list[dict] = (),
                       preferred: list[dict] = (), mutable: dict | None = None) -> Volume:
         check_name(name)
+        check_capabilities(list(capabilities))    # before placement, which would call them "no room"
         mutable = check_mutable(dict(mutable or {}))
         parameters = dict(check_map(parameters or {}, "parameters"))
         kwargs = {"name": name, "required_bytes": required_bytes, "limit_bytes": limit_bytes,

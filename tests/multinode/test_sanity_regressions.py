@@ -66,3 +66,33 @@ def test_a_volume_in_the_nodes_topology_lands_there_and_stages_there(site_n1, tm
     for _ in range(2):                  # repeat-safe
         site_n1.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=vol.volume_id), timeout=60)
     assert f"{vol.volume_id}.img" not in images(site_n1)["n1"]
+
+
+def test_create_volume_answers_with_the_one_node_codes(site_n1):
+    """Placement ran before the request was checked, so a multi-node site answered
+    RESOURCE_EXHAUSTED ("no node has room") where a one-node site's plugin answers
+    INVALID_ARGUMENT (a capability no node supports) or OUT_OF_RANGE (larger than any
+    pool: no placement will ever fit). Nothing is created, and the name stays free."""
+    before = images(site_n1)
+    mn = capability("ext4", csi_pb2.VolumeCapability.AccessMode.MULTI_NODE_MULTI_WRITER)
+    cases = [
+        ("multi-writer", {"volume_capabilities": [mn]}, grpc.StatusCode.INVALID_ARGUMENT),
+        ("bad-fs", {"volume_capabilities": [capability("zfs")]}, grpc.StatusCode.INVALID_ARGUMENT),
+        ("huge", {"volume_capabilities": [capability("ext4")],
+                  "capacity_range": csi_pb2.CapacityRange(required_bytes=1 << 50)}, grpc.StatusCode.OUT_OF_RANGE),
+        ("huge-on-n1", {"volume_capabilities": [capability("ext4")],
+                        "capacity_range": csi_pb2.CapacityRange(required_bytes=1 << 50),
+                        "accessibility_requirements": csi_pb2.TopologyRequirement(requisite=[
+                            csi_pb2.Topology(segments={"topology.drsvc.io/node": "n1"})])},
+         grpc.StatusCode.OUT_OF_RANGE),
+    ]
+    for name, kw, code in cases:
+        with pytest.raises(grpc.RpcError) as e:
+            site_n1.controller.CreateVolume(csi_pb2.CreateVolumeRequest(name=f"bad-{name}", **kw), timeout=60)
+        assert e.value.code() == code, (name, e.value.details())
+    assert images(site_n1) == before
+    # the names were not claimed: a valid request under one of them is placed and made
+    vol = site_n1.controller.CreateVolume(csi_pb2.CreateVolumeRequest(
+        name="bad-huge", volume_capabilities=[capability("ext4")],
+        capacity_range=csi_pb2.CapacityRange(required_bytes=16 * MiB)), timeout=60).volume
+    site_n1.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=vol.volume_id), timeout=60)
