@@ -27,7 +27,9 @@ def _secrets(req) -> None:
 
 
 PService = csi_pb2.PluginCapability.Service.Type
-# a plugin over a pool serves every service; a multi-node site's controller, only these
+# a one-node site's plugin serves every service; a multi-node site, only these: its controller
+# has no SnapshotMetadata, and its node plugins advertise what the site serves (a CO sends
+# controller calls to the controller's endpoint, never to a node's)
 POOL_SERVICES = (PService.CONTROLLER_SERVICE, PService.VOLUME_ACCESSIBILITY_CONSTRAINTS,
                  PService.GROUP_CONTROLLER_SERVICE, PService.SNAPSHOT_METADATA_SERVICE)
 CLUSTER_SERVICES = (PService.CONTROLLER_SERVICE, PService.VOLUME_ACCESSIBILITY_CONSTRAINTS,

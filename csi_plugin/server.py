@@ -72,7 +72,12 @@ def build_server(site: Site, sock: Path, *, max_workers: int = 16, block_metadat
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
                          interceptors=[LoggingInterceptor()])
     ctl = PoolController(site)
-    csi_pb2_grpc.add_IdentityServicer_to_server(csi_servicers.Identity(ctl), server)
+    # one storage node of a multi-node site: Identity speaks for the site's plugin, whose
+    # Controller is the site controller's endpoint (no SnapshotMetadata there)
+    multinode = site.config is not None and site.config.multinode
+    csi_pb2_grpc.add_IdentityServicer_to_server(
+        csi_servicers.Identity(ctl, csi_servicers.CLUSTER_SERVICES if multinode else csi_servicers.POOL_SERVICES),
+        server)
     csi_pb2_grpc.add_ControllerServicer_to_server(csi_servicers.Controller(ctl), server)
     csi_pb2_grpc.add_NodeServicer_to_server(csi_servicers.Node(site), server)
     csi_pb2_grpc.add_GroupControllerServicer_to_server(group_servicer.GroupController(ctl), server)

@@ -17,14 +17,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
-import threading
 import time
 from dataclasses import asdict
 from typing import Any, Protocol
 
 from .config import SiteConfig
 from .controller import Capacity, GroupView, PoolController, VolumeStatus
-from .errors import (BadPageToken, Conflict, DrsvcError, GroupNotFound, GroupSnapshotExists,
+from .errors import (BadPageToken, CapacityOutOfRange, Conflict, DrsvcError, GroupNotFound, GroupSnapshotExists,
                      GroupSnapshotNotFound, GroupSpansNodes, MissingField, NoNodeFits, NodeUnreachable,
                      ReplicationNotConfigured, SnapshotExists, SnapshotListMismatch, SnapshotNotFound,
                      VolumeNotFound)
@@ -34,7 +33,7 @@ from .model import Capability, ContentSource, Page, Snapshot, Volume
 from .snapshots import GroupSnapshot
 from .modify import check_mutable
 from .replication.status import Info
-from .volumes import DEFAULT_CAPACITY, node_topology, pair_zone
+from .volumes import DEFAULT_CAPACITY, check_capabilities, node_topology, pair_zone
 
 log = logging.getLogger(__name__)
 
@@ -268,8 +267,6 @@ class ClusterController:
         self.wait = wait or cfg.node_call_timeout   # one node call
         self.probe_wait = probe_wait                # capacity asked of every node while placing
         self._suspect: dict[str, float] = {}        # node -> monotonic time it is asked again
-        self._free: dict[str, tuple[float, int]] = {}   # node -> (monotonic expiry, free bytes)
-        self._free_lock = threading.Lock()
         zone = pair_zone(cfg.site, cfg.peers, cfg.zone)
         self.topologies = {n: node_topology(zone, c.pair, c.labels) for n, c in sorted(cfg.nodes.items())}
 
@@ -297,24 +294,15 @@ class ClusterController:
                                   reason="no storage node answered")
 
     # -- placement -----------------------------------------------------------------
-    FREE_TTL = 2.0        # a node's free space, once asked, is reused this long for placement
-
-    def _capacities(self, nodes: list[str], capabilities) -> dict[str, int]:
-        """Free bytes of each node that answers in time. Answers are reused for FREE_TTL
-        seconds, less what was placed since (a burst of CreateVolume asks each node once).
-        A node that did not answer is left out, and not asked again for SUSPECT_FOR seconds,
+    def _capacities(self, nodes: list[str], capabilities) -> dict[str, list]:
+        """[free, maximum, minimum] bytes of each node that answers in time, asked now (a
+        cached answer would hide a node that just died, and pin a name's claim to it). A
+        node that did not answer is left out, and not asked again for SUSPECT_FOR seconds,
         so a dead node does not slow every placement down; when it is the only candidate it
         is asked all the same."""
         now = time.monotonic()
+        ask = [n for n in nodes if self._suspect.get(n, 0) <= now] or nodes
         out = {}
-        with self._free_lock:
-            for n in nodes:
-                if n in self._free and self._free[n][0] > now:
-                    out[n] = self._free[n][1]
-        stale = [n for n in nodes if n not in out]
-        ask = [n for n in stale if self._suspect.get(n, 0) <= now] or ([] if out else stale)
-        if not ask:
-            return out
         for node, r in self.calls.call_each(ask, "capacity", {"capabilities": _caps_out(capabilities)},
                                             wait=self.probe_wait).items():
             if isinstance(r, DrsvcError):
@@ -322,16 +310,8 @@ class ClusterController:
                 self._suspect[node] = time.monotonic() + self.SUSPECT_FOR
             else:
                 self._suspect.pop(node, None)
-                out[node] = r[0]
-                with self._free_lock:
-                    self._free[node] = (time.monotonic() + self.FREE_TTL, r[0])
+                out[node] = list(r)
         return out
-
-    def _placed(self, node: str, size: int) -> None:
-        with self._free_lock:
-            if node in self._free:
-                expiry, free = self._free[node]
-                self._free[node] = (expiry, free - size)
 
     def place(self, size: int, capabilities, requisite: list[dict], preferred: list[dict]) -> str:
         """The node for a new volume: the first preferred topology that has room, then any
@@ -340,10 +320,16 @@ class ClusterController:
                     if not requisite or any(_matches(t, term) for term in requisite)]
         if not eligible:
             raise NoNodeFits(site=self.cfg.site, reason=f"no node is in the requisite topology {requisite}")
-        free = self._capacities(eligible, capabilities)
-        if not free:
+        caps = self._capacities(eligible, capabilities)
+        if not caps:
             raise NodeUnreachable(node=", ".join(eligible), site=self.cfg.site, wait=self.probe_wait,
                                   reason="no eligible node answered")
+        if all(size > c[1] for c in caps.values()):
+            # larger than any eligible node's whole pool: no placement ever fits, the range is
+            # what is wrong (OUT_OF_RANGE, as a one-node site's plugin answers)
+            raise CapacityOutOfRange(reason=f"{size} bytes exceeds the size of every eligible node's pool "
+                                            f"(the largest is {max(c[1] for c in caps.values())} bytes)")
+        free = {n: c[0] for n, c in caps.items()}
         fits = sorted((n for n in free if free[n] >= size), key=lambda n: (-free[n], n))
         if not fits:
             raise NoNodeFits(site=self.cfg.site, reason=f"{size} bytes; the most free on an eligible node "
@@ -360,6 +346,7 @@ class ClusterController:
                       source: ContentSource | None = None, requisite: list[dict] = (),
                       preferred: list[dict] = (), mutable: dict | None = None) -> Volume:
         check_name(name)
+        check_capabilities(list(capabilities))    # before placement, which would call them "no room"
         mutable = check_mutable(dict(mutable or {}))
         parameters = dict(check_map(parameters or {}, "parameters"))
         kwargs = {"name": name, "required_bytes": required_bytes, "limit_bytes": limit_bytes,
@@ -384,8 +371,6 @@ class ClusterController:
             if made:        # nothing was created under this name: a retry may place it afresh
                 self.calls.release(key, holder)
             raise
-        if made:
-            self._placed(holder, vol.capacity_bytes)
         return vol
 
     def _group_node(self, group_id: str, source: ContentSource | None) -> str:
