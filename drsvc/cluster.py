@@ -56,6 +56,13 @@ class NodeCalls(Protocol):
     def release(self, key: str, node: str) -> None:
         """Drop *key*'s claim if *node* holds it."""
 
+    def bind(self, object_id: str, key: str) -> None:
+        """Remember which name's claim *object_id* holds (so a delete can drop it even when
+        the node no longer knows the object: a retried delete whose first answer was lost)."""
+
+    def unbind(self, object_id: str) -> str | None:
+        """Forget *object_id*'s name; the name key it held, if any."""
+
 
 # -- the wire between the controller and a node's task: JSON only -----------------------
 def _caps_out(caps) -> list[dict]:
@@ -371,6 +378,7 @@ class ClusterController:
             if made:        # nothing was created under this name: a retry may place it afresh
                 self.calls.release(key, holder)
             raise
+        self.calls.bind(vol.volume_id, key)
         return vol
 
     def _group_node(self, group_id: str, source: ContentSource | None) -> str:
@@ -395,7 +403,9 @@ class ClusterController:
         node = self.node_of(check_id(volume_id))
         if node is None:
             return          # not a volume of this site's nodes: nothing to delete
-        if key := self.calls.call(node, "delete_volume", {"volume_id": volume_id}, wait=self.wait):
+        key = self.calls.call(node, "delete_volume", {"volume_id": volume_id}, wait=self.wait)
+        key = self.calls.unbind(volume_id) or key
+        if key:
             self.calls.release(key, node)
 
     def validate(self, volume_id: str, capabilities: list[Capability], parameters: dict) -> str:
@@ -474,13 +484,17 @@ class ClusterController:
             if made:
                 self.calls.release(key, node)
             raise
-        return Snapshot.from_doc(doc)
+        snap = Snapshot.from_doc(doc)
+        self.calls.bind(snap.snapshot_id, key)
+        return snap
 
     def delete_snapshot(self, snapshot_id: str) -> None:
         node = self.node_of(check_id(snapshot_id, "snapshot_id"))
         if node is None:
             return
-        if key := self.calls.call(node, "delete_snapshot", {"snapshot_id": snapshot_id}, wait=self.wait):
+        key = self.calls.call(node, "delete_snapshot", {"snapshot_id": snapshot_id}, wait=self.wait)
+        key = self.calls.unbind(snapshot_id) or key
+        if key:
             self.calls.release(key, node)
 
     def get_snapshot(self, snapshot_id: str) -> Snapshot:

@@ -126,6 +126,22 @@ class NodeDispatcher:
 
     _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 
+    def _id_key(self, object_id: str) -> str:
+        return f"drsvc:{self.cfg.site}:name-of:{object_id}"
+
+    def bind(self, object_id: str, key: str) -> None:
+        try:
+            self.redis.set(self._id_key(object_id), key)
+        except redis.RedisError as e:
+            raise BrokerUnreachable(reason=type(e).__name__) from None
+
+    def unbind(self, object_id: str) -> str | None:
+        try:
+            v = self.redis.getdel(self._id_key(object_id))
+        except redis.RedisError as e:
+            raise BrokerUnreachable(reason=type(e).__name__) from None
+        return v.decode() if v else None
+
     def release(self, key: str, node: str) -> None:
         try:
             self.redis.eval(self._RELEASE, 1, self._key(key), node)

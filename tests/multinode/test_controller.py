@@ -282,3 +282,18 @@ def test_group_snapshot_across_nodes_is_cut_at_one_instant(nodes, tmp_path):
         ch.close()
         plugin.terminate()
         plugin.wait(timeout=20)
+
+
+def test_a_retried_delete_whose_first_answer_was_lost_frees_the_name(nodes):
+    """The node deleted the volume but the controller never heard (a lost answer): the
+    retried DeleteVolume finds nothing on the node, and must still drop the name's claim,
+    or the name would stay pinned to n1 and a later CreateVolume of it needing n2 would
+    fail for good. The claim is remembered per id in Redis at create time."""
+    from workers.app import make_app
+    from workers.client import NodeDispatcher
+    v = create(nodes, "lost-answer", requisite=[{NODE: "n1"}])
+    calls = NodeDispatcher(make_app(nodes.cfg))
+    calls.call("n1", "delete_volume", {"volume_id": v.volume_id}, wait=30)    # the first attempt, unheard
+    nodes.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=v.volume_id), timeout=60)
+    again = create(nodes, "lost-answer", requisite=[{NODE: "n2"}])
+    assert node_of(again) == "n2"
