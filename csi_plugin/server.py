@@ -68,16 +68,28 @@ def build_controller_server(ctl, sock: Path, *, max_workers: int = 16) -> grpc.S
     return _serve(server, names, sock)
 
 
+def _node_server(server: grpc.Server, site: Site, ctl: PoolController, sock: Path) -> grpc.Server:
+    """One storage node of a multi-node site: CSI Identity (speaking for the site's plugin:
+    the controller's services) and Node, and the Admin service for its own units. Controller
+    calls go to the site controller's endpoint, which claims names and places volumes; a
+    node answering them over its own pool would bypass both, so it does not serve them."""
+    csi_pb2_grpc.add_IdentityServicer_to_server(csi_servicers.Identity(ctl, csi_servicers.CLUSTER_SERVICES), server)
+    csi_pb2_grpc.add_NodeServicer_to_server(csi_servicers.Node(site), server)
+    names = [csi_pb2.DESCRIPTOR.services_by_name[s].full_name for s in ("Identity", "Node")]
+    if site.replication is not None:
+        admin_pb2_grpc.add_AdminServicer_to_server(
+            admin_servicer.Admin(site, site.replication.requests, site.status), server)
+        names.append("drsvc.admin.v1.Admin")
+    return _serve(server, names, sock)
+
+
 def build_server(site: Site, sock: Path, *, max_workers: int = 16, block_metadata: str = "variable") -> grpc.Server:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
                          interceptors=[LoggingInterceptor()])
     ctl = PoolController(site)
-    # one storage node of a multi-node site: Identity speaks for the site's plugin, whose
-    # Controller is the site controller's endpoint (no SnapshotMetadata there)
-    multinode = site.config is not None and site.config.multinode
-    csi_pb2_grpc.add_IdentityServicer_to_server(
-        csi_servicers.Identity(ctl, csi_servicers.CLUSTER_SERVICES if multinode else csi_servicers.POOL_SERVICES),
-        server)
+    if site.config is not None and site.config.multinode:
+        return _node_server(server, site, ctl, sock)
+    csi_pb2_grpc.add_IdentityServicer_to_server(csi_servicers.Identity(ctl), server)
     csi_pb2_grpc.add_ControllerServicer_to_server(csi_servicers.Controller(ctl), server)
     csi_pb2_grpc.add_NodeServicer_to_server(csi_servicers.Node(site), server)
     csi_pb2_grpc.add_GroupControllerServicer_to_server(group_servicer.GroupController(ctl), server)

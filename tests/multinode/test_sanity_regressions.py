@@ -96,3 +96,13 @@ def test_create_volume_answers_with_the_one_node_codes(site_n1):
         name="bad-huge", volume_capabilities=[capability("ext4")],
         capacity_range=csi_pb2.CapacityRange(required_bytes=16 * MiB)), timeout=60).volume
     site_n1.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=vol.volume_id), timeout=60)
+
+
+def test_a_nodes_plugin_does_not_answer_controller_calls(site_n1):
+    """A node's plugin over its own pool would bypass the site controller's name claims
+    and placement: Controller calls there are UNIMPLEMENTED (the CO sends them to the
+    controller's endpoint)."""
+    with pytest.raises(grpc.RpcError) as e:
+        site_n1.n1.controller.CreateVolume(csi_pb2.CreateVolumeRequest(
+            name="bypass", volume_capabilities=[capability("ext4")]), timeout=10)
+    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
