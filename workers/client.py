@@ -107,46 +107,41 @@ class NodeDispatcher:
         except redis.RedisError as e:
             raise BrokerUnreachable(reason=type(e).__name__) from None
 
+    # -- names: claimed for a node (SET NX), and remembered per object id -----------------
+    _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+
     def _key(self, key: str) -> str:
         return f"drsvc:{self.cfg.site}:names:{key}"
-
-    def holder(self, key: str) -> str | None:
-        try:
-            v = self.redis.get(self._key(key))
-        except redis.RedisError as e:
-            raise BrokerUnreachable(reason=type(e).__name__) from None
-        return v.decode() if v else None
-
-    def claim(self, key: str, node: str) -> str:
-        try:
-            self.redis.set(self._key(key), node, nx=True)
-            return self.redis.get(self._key(key)).decode()
-        except redis.RedisError as e:
-            raise BrokerUnreachable(reason=type(e).__name__) from None
-
-    _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 
     def _id_key(self, object_id: str) -> str:
         return f"drsvc:{self.cfg.site}:name-of:{object_id}"
 
-    def bind(self, object_id: str, key: str) -> None:
+    def _redis(self, fn, *args, **kwargs):
+        """One Redis command; a lost Redis is the site's BrokerUnreachable (UNAVAILABLE)."""
         try:
-            self.redis.set(self._id_key(object_id), key)
+            v = fn(*args, **kwargs)
         except redis.RedisError as e:
             raise BrokerUnreachable(reason=type(e).__name__) from None
+        return v.decode() if isinstance(v, bytes) else v
 
-    def unbind(self, object_id: str) -> str | None:
-        try:
-            v = self.redis.getdel(self._id_key(object_id))
-        except redis.RedisError as e:
-            raise BrokerUnreachable(reason=type(e).__name__) from None
-        return v.decode() if v else None
+    def holder(self, key: str) -> str | None:
+        return self._redis(self.redis.get, self._key(key))
+
+    def claim(self, key: str, node: str) -> str:
+        self._redis(self.redis.set, self._key(key), node, nx=True)
+        return self._redis(self.redis.get, self._key(key))
 
     def release(self, key: str, node: str) -> None:
         try:
-            self.redis.eval(self._RELEASE, 1, self._key(key), node)
-        except redis.RedisError:
+            self._redis(self.redis.eval, self._RELEASE, 1, self._key(key), node)
+        except BrokerUnreachable:
             pass                       # a stale claim only sends a retry to the same node
+
+    def bind(self, object_id: str, key: str) -> None:
+        self._redis(self.redis.set, self._id_key(object_id), key)
+
+    def unbind(self, object_id: str) -> str | None:
+        return self._redis(self.redis.getdel, self._id_key(object_id))
 
 
 class RedisBarrier:
