@@ -117,7 +117,7 @@ def test_forced_failover_split_brain_and_resync(lab):
     sa.run.start("worker")
     lab.start_sshd("a")
     wait_for(lambda: A.call("GetVolumeReplicationInfo", volume_id=vol).status
-             == A.call("GetVolumeReplicationInfo", volume_id=vol).ERROR, 60, what="A to report the conflict")
+             == A.call("GetVolumeReplicationInfo", volume_id=vol).ERROR, 120, what="A to report the conflict")
     info = A.call("GetVolumeReplicationInfo", volume_id=vol)
     assert "split brain" in info.status_message
 
