@@ -68,3 +68,45 @@ def test_writes_between_precopy_and_freeze_are_in_the_generation(xfs_mod, monkey
     rep = sync_unit(a, "v", ["v"], peer)
     same_images(a, b, ["v"])
     assert rep.ranges_cloned == len(during)
+
+
+def test_precopy_piece_by_piece_clones_exactly_the_plan(xfs_mod, monkeypatch):
+    """The pre-copy maps the live image in pieces and clones each piece's changes as it
+    arrives (their reads queued meanwhile). With pieces of a few extents, ranges fall
+    across piece edges and holes: the generation is still exact, and the ranges
+    cloned are the plan's, once each."""
+    need("mkfs.xfs")
+    rnd = random.Random(29)
+    a, b = new_sites(xfs_mod)
+    img = a / "images" / "v.img"
+    make_image(img, SIZE, [(0, rnd.randbytes(SIZE))])
+    peer = LocalPeer(b)
+    sync_unit(a, "v", ["v"], peer)
+    monkeypatch.setattr(capture_mod, "PIECE", 3)
+    pieces = []
+    real = capture_mod._Early.clone
+
+    def counted(self, fd, dfd, piece, lo, hi):
+        pieces.append((lo, hi))
+        return real(self, fd, dfd, piece, lo, hi)
+    monkeypatch.setattr(capture_mod._Early, "clone", counted)
+    for _ in range(3):
+        pieces.clear()
+        blocks = rnd.sample(range(SIZE // BS), 50)
+        for blk in blocks:
+            write_at(img, blk * BS, rnd.randbytes(BS))
+        holes = rnd.sample(sorted(set(range(SIZE // BS)) - set(blocks)), 3)
+        fd = os.open(img, os.O_RDWR)
+        try:
+            for blk in holes:
+                punch_hole(fd, blk * BS, BS)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        time.sleep(0.03)
+        rep = sync_unit(a, "v", ["v"], peer)
+        same_images(a, b, ["v"])
+        assert len(pieces) > 10
+        assert [p[0] for p in pieces[1:]] == [p[1] for p in pieces[:-1]]   # edge to edge
+        assert pieces[0][0] == 0 and pieces[-1][1] == SIZE
+        assert rep.bytes_changed + rep.bytes_zeroed == (len(blocks) + len(holes)) * BS
