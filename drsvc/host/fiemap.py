@@ -96,13 +96,10 @@ EXTENT_DTYPE = [("logical", "=u8"), ("physical", "=u8"), ("length", "=u8"), ("_r
                 ("flags", "=u4"), ("_p", "=u4", 3)]
 
 
-def fiemap_array(fd: int, size: int, *, batch: int = 32768, on_piece=None):
+def fiemap_array(fd: int, size: int, *, batch: int = 32768):
     """The extent map of [0, size) as a numpy structured array (fields logical,
     physical, length, flags), read in large batches and parsed without a Python
-    loop per extent: an aged 1 GiB image has ~10^5 extents.
-
-    on_piece(extents, lo, hi), if given, is called with each batch as it is read:
-    the extents that map [lo, hi), which the batches before did not reach."""
+    loop per extent: an aged 1 GiB image has ~10^5 extents."""
     import numpy as np
     dt = np.dtype(EXTENT_DTYPE)
     assert dt.itemsize == EXTENT.size
@@ -117,11 +114,7 @@ def fiemap_array(fd: int, size: int, *, batch: int = 32768, on_piece=None):
             break
         got = np.frombuffer(buf, dtype=dt, count=mapped, offset=HEADER.size).copy()
         parts.append(got)
-        last = bool(got["flags"][-1] & FIEMAP_EXTENT_LAST)
-        end = size if last else int(got["logical"][-1] + got["length"][-1])
-        if on_piece is not None:
-            on_piece(got, pos, min(end, size))
-        if last:
+        if got["flags"][-1] & FIEMAP_EXTENT_LAST:
             break
-        pos = end
+        pos = int(got["logical"][-1] + got["length"][-1])
     return np.concatenate(parts) if parts else np.zeros(0, dtype=dt)

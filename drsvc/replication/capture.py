@@ -22,10 +22,7 @@ write), as a write to a block still shared with the base does. Inside the
 freeze, when the image's mtime has not moved since the pre-copy's map, nothing
 was written and nothing is done; otherwise a second FIEMAP, diffed against the
 pre-copy's, names exactly the ranges written since, and only they are cloned
-again. The pre-copy maps the live image in pieces and clones each piece's changes
-at once, queueing their reads (WILLNEED, from a thread) while the kernel maps the
-next piece: an aged image's map (~3 us an extent) and the cold reads of the change
-overlap instead of adding up. The generation's ranges and holes are planned from the last map against
+again. The generation's ranges and holes are planned from the last map against
 the base, as a single pass would; the range files are written after the thaw.
 
 All members are captured inside one freeze of every mountpoint (freeze all,
@@ -247,121 +244,20 @@ def _settled(fd: int, st):
 
 
 def _precopy(src: Path, dest: Path, vol: str, base, bs: int) -> Precopy:
-    """Clone every range that differs from the base into ``<vol>.delta``, unfrozen.
-
-    The live image is mapped piece by piece (PIECE extents a FIEMAP call); the ranges
-    each piece shows changed are cloned at once and their reads queued on the delta
-    file (WILLNEED), so the disk fetches the changed blocks for the plan while the
-    kernel maps the rest: on an aged image the map costs ~3 us an extent (1e5
-    extents: 0.3 s), about as long as the cold reads. The plan of the whole map then
-    decides, as before; what the pieces missed (ranges across a piece's edge) is
-    cloned last. The reads are all queued before the pre-copy returns: a clone waits
-    for a readahead of its file, and none may run into the frozen pass's clones."""
+    """Clone every range that differs from the base into ``<vol>.delta``, unfrozen."""
     base_extents, base_size = base
     fd = os.open(src, os.O_RDONLY)
     try:
         settled = _settled(fd, os.fstat(fd))
         st = settled or os.fstat(fd)
         size = st.st_size
-        fs_block = max(st.st_blksize, 4096)
-        path = dest / f"{vol}.delta"
-        dfd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.ftruncate(dfd, size)
-            early = _Early(base_extents, base_size, size, fs_block)
-            early.prefetch_into(path)
-            try:
-                extents = fiemap_array(fd, size, batch=PIECE,
-                                       on_piece=lambda piece, lo, hi: early.clone(fd, dfd, piece, lo, hi))
-                ms = planner.plan_from_extent_arrays(extents, base_extents, size, base_size, bs)
-                clone = _round_out(ms.scan, fs_block, size)
-                missed = early.missed(clone)
-                if missed:
-                    early.prefetch.join()
-                    for s, e in missed:
-                        clone_range(fd, dfd, s, e - s)
-            finally:
-                early.end_prefetch()
-        except BaseException:
-            path.unlink(missing_ok=True)      # a member captured whole leaves no half delta behind
-            raise
-        finally:
-            os.close(dfd)
+        extents = fiemap_array(fd, size)
+        ms = planner.plan_from_extent_arrays(extents, base_extents, size, base_size, bs)
+        clone = _round_out(ms.scan, max(st.st_blksize, 4096), size)
+        _clone_ranges(fd, dest / f"{vol}.delta", size, clone, create=True)
     finally:
         os.close(fd)
     return Precopy(extents, ms, size, len(clone), st.st_mtime_ns if settled else None)
-
-
-PIECE = 8192        # extents a FIEMAP call of the pre-copy (~25 ms of kernel time on XFS)
-
-
-class _Early:
-    """The pre-copy's work on each piece of the live map as it arrives: clone the ranges
-    whose mapping differs from the base's in [lo, hi) and queue their reads."""
-
-    def __init__(self, base_extents, base_size: int, size: int, fs_block: int):
-        import numpy as np
-        self.base = base_extents
-        self.base_start = base_extents["logical"].astype(np.int64)
-        self.base_end = self.base_start + base_extents["length"].astype(np.int64)
-        self.base_size, self.size, self.fs_block = base_size, size, fs_block
-        self.done = []              # (starts, ends) arrays cloned so far
-
-    def clone(self, fd: int, dfd: int, piece, lo: int, hi: int) -> None:
-        import numpy as np
-
-        from . import extentplan as xp
-        i0 = int(np.searchsorted(self.base_end, lo, side="right"))
-        i1 = int(np.searchsorted(self.base_start, hi, side="left"))
-        changed = xp.subtract(xp._data(piece, self.size), xp.shared(piece, self.base[i0:i1]))
-        s, e = changed
-        s, e = np.maximum(s, lo), np.minimum(e, hi)
-        keep = e > s
-        s, e = xp.round_out((s[keep], e[keep]), self.fs_block, self.size)
-        ranges = list(zip(s.tolist(), e.tolist(), strict=True))
-        self.prefetch.join()        # a clone waits for readahead of the same file: not meanwhile
-        for a, b in ranges:
-            clone_range(fd, dfd, a, b - a)
-        self.done.append((s, e))
-        if ranges:
-            self.prefetch.put(ranges)   # read while the kernel maps the next piece
-
-    def prefetch_into(self, path: Path) -> None:
-        """Queue the reads of the cloned ranges from a thread of their own, while the
-        main thread maps the next piece of the live image (another file)."""
-        import queue
-        import threading
-        self.prefetch = queue.Queue()
-        rfd = os.open(path, os.O_RDONLY)
-
-        def run():
-            try:
-                while (ranges := self.prefetch.get()) is not None:
-                    try:
-                        for a, b in ranges:
-                            os.posix_fadvise(rfd, a, b - a, os.POSIX_FADV_WILLNEED)
-                    except OSError:
-                        pass            # only a hint
-                    finally:
-                        self.prefetch.task_done()
-            finally:
-                os.close(rfd)
-        threading.Thread(target=run, name="precopy-prefetch", daemon=True).start()
-
-    def end_prefetch(self) -> None:
-        """No more ranges: wait until the last reads are queued (they go on at the device),
-        so no readahead of the delta file runs into the frozen pass's clones."""
-        self.prefetch.join()
-        self.prefetch.put(None)
-
-    def missed(self, clone) -> list[tuple[int, int]]:
-        """The ranges of *clone* not cloned piece by piece."""
-        from . import extentplan as xp
-        if not clone:
-            return []
-        want = xp._pair([a for a, _ in clone], [b for _, b in clone])
-        done = xp.union(*self.done) if self.done else xp._pair([], [])
-        return xp._as_list(xp.subtract(want, done))
 
 
 def _clone_ranges(fd: int, path: Path, size: int, ranges, *, create: bool) -> None:
