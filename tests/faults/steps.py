@@ -60,15 +60,28 @@ class Generations:
         return sha
 
 
-def check_converged(src, dst, unit_id, volume_ids) -> None:
+def check_converged(src, dst, unit_id, volume_ids, *, settle: float = 30.0) -> None:
     """Every generation the primary acked is at the replica: same generation, and the
-    bytes of the primary's acked snapshot (the live image may already be newer)."""
-    acked = find_state(src.pool, unit_id).generation
-    st = find_state(dst.pool, unit_id)
-    snap = PoolLayout(src.pool).snap_dir(unit_id, acked)
+    bytes of the primary's acked snapshot (the live image may already be newer).
+
+    A sync still in flight (a scheduled one, or a Celery retry) may have committed at the
+    replica and not yet been adopted by the primary, for a moment: the replica is then one
+    generation ahead. So the check is repeated for up to *settle* seconds before a
+    difference counts as lost; a real loss does not go away."""
+    deadline = time.monotonic() + settle
+    while True:
+        acked = find_state(src.pool, unit_id).generation
+        st = find_state(dst.pool, unit_id)
+        snap = PoolLayout(src.pool).snap_dir(unit_id, acked)
+        try:
+            same = st is not None and st.generation == acked and all(
+                file_sha(snap / f"{v}.img") == image_sha(dst, v) for v in volume_ids)
+        except FileNotFoundError:      # the acked snapshot was just replaced by a newer one
+            same = False
+        if same or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     TALLY.verified += 1
-    same = st is not None and st.generation == acked and all(
-        file_sha(snap / f"{v}.img") == image_sha(dst, v) for v in volume_ids)
     if not same:
         TALLY.lost += 1
         raise AssertionError(f"{unit_id}: primary acked generation {acked}, replica holds "
@@ -115,8 +128,12 @@ def set_receiver_failpoints(lab, name: str, points=()) -> None:
     tmp.write_text("\n".join(lines) + "\n")
     os.chmod(tmp, 0o600)
     os.rename(tmp, path)     # sshd reads it per login: never half a file
-    # a forced command is fixed at login: end the logins (and warm receivers) made before
+    # a forced command is fixed at login: end the logins (and warm receivers) made before,
+    # and this process's cached ones to them, so the next sync logs in anew under the new
+    # failpoints (a sync that picked up a killed cached login failed at its connect, before
+    # any capture, and the kill meant for a commit point never happened)
     drop_logins(s)
+    fresh_link()
 
 
 def drop_logins(site) -> int:
