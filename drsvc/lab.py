@@ -370,6 +370,7 @@ class NodesLab:
         self.redis_ports: dict[str, int] = {}
         self.sshd: dict[tuple, tuple[str, int]] = {}    # (site, node) -> (addr, port)
         self.procs: list = []
+        self.redis_procs: dict[str, object] = {}
         self.sshd_procs: dict[tuple, object] = {}
 
     # -- paths -----------------------------------------------------------------------
@@ -415,7 +416,7 @@ class NodesLab:
                 addr = f"127.0.{si + 1}.{ni + 1}"
                 self.sshd[(site, n)] = (addr, free_port(addr))
             self.redis_ports[site] = free_port()
-            self.procs.append(spawn_redis(self.root / site / "redis", self.redis_ports[site]))
+            self.redis_procs[site] = spawn_redis(self.root / site / "redis", self.redis_ports[site])
             k = self._ssh(site)
             k.mkdir(parents=True, exist_ok=True)
             os.chmod(k, 0o700)
@@ -447,6 +448,18 @@ class NodesLab:
 
     def start_sshd(self, site: str, node: str) -> None:
         self._start_sshd(site, node)
+
+    def stop_redis(self, site: str) -> None:
+        """Kill the site's redis-server (SIGKILL)."""
+        _kill(self.redis_procs.pop(site).pid)
+
+    def start_redis(self, site: str) -> None:
+        """Start it again on the same port; appendonly keeps what it had up to the last second."""
+        self.redis_procs[site] = spawn_redis(self.root / site / "redis", self.redis_ports[site])
+
+    def restart_redis(self, site: str) -> None:
+        self.stop_redis(site)
+        self.start_redis(site)
 
     def _write_config(self, site: str) -> None:
         tables = []
@@ -494,7 +507,7 @@ class NodesLab:
                     run.down(node_components(run.cfg))
                 except Exception:  # noqa: BLE001 - tear down as much as we can
                     pass
-        for p in [*self.procs, *self.sshd_procs.values()]:
+        for p in [*self.procs, *self.redis_procs.values(), *self.sshd_procs.values()]:
             _kill(p.pid)
         _unmount_under(self.root)
         shutil.rmtree(self.root, ignore_errors=True)

@@ -1,0 +1,562 @@
+"""A replicated pair of multi-node sites at scale: `python -m bench.scale --json` (issue 13).
+
+    python -m bench.scale [--volumes 600] [--mib 64] [--interval 60] [--warmup 90]
+                          [--duration 300] [--growth 150,300,600] [--faults] [--json]
+
+Two sites of three storage nodes (drsvc.lab.NodesLab: per node a loop XFS pool, an sshd
+on 127.0.<site>.<node>, a data worker, an api worker, a scheduler; per site a Redis and
+the controller). --volumes volumes of --mib MiB are created through site a's controller
+(CreateVolume over the unix socket, placed on the nodes by the controller, each create a
+task on the chosen node; p50/p99 are recorded), 1% of each is written, and each is
+enabled (EnableVolumeReplication, schedulingInterval --interval). A writer then rewrites
+1% of every volume once per interval, one volume after another, spread over the interval.
+
+After --warmup seconds, a window of --duration seconds is measured:
+- scheduling drift (a scheduled sync's start minus the slot it was due at), p50/p99, from
+  the data workers' task results (scheduling_delay_s) over the window;
+- lag (drsvc.replication.status describe: seconds since the last successful sync ended),
+  sampled over all units every few seconds: p50/p99/max, and how many units stayed HEALTHY
+  with lag <= 1.5x the interval in every sample;
+- syncs per second (sync reports at site a that started in the window), time per sync
+  and the per-phase medians the reports carry;
+- Redis commands per sync (INFO commandstats calls at site a's Redis, delta / syncs);
+- CPU seconds (utime+stime of each process tree, reaped children included) and peak RSS
+  (sum over a type's processes, sampled, and the largest single VmHWM) per process type.
+
+--growth 150,300,600 measures a window at each size on one lab (volumes are added between
+windows), to show how time per sync and the other figures grow.
+
+--faults then runs, one at a time on the running lab: kill -9 of one node's worker (and
+restart), one node's sshd stopped at the peer, a restart (SIGKILL) of site a's Redis, kill
+-9 of the controller. For each: which units degraded (not HEALTHY or lag > 1.5x interval),
+for how long, failed syncs, and after recovery, with the writer paused, a fresh sync of a
+sample of the affected units and sha256 of source against replica image.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import grpc
+
+MiB = 1 << 20
+NODE = "topology.drsvc.io/node"
+TYPES = ("worker", "api", "scheduler", "controller", "redis", "sshd+receivers")
+DELAY_RE = re.compile(rb"Task drsvc\.sync[ \[][^\]\n]*\] succeeded in [0-9.e-]+s: .*'scheduling_delay_s': ([0-9.e-]+)")
+CLK = os.sysconf("SC_CLK_TCK")
+
+
+def pct(xs, p):
+    if not xs:
+        return None
+    s = sorted(xs)
+    return round(s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))], 4)
+
+
+def summary(xs) -> dict:
+    return {"n": len(xs), "p50": pct(xs, 50), "p99": pct(xs, 99), "max": round(max(xs), 4) if xs else None}
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# -- /proc ---------------------------------------------------------------------------
+def proc_table() -> dict:
+    """pid -> (ppid, cpu ticks incl. reaped children, rss kB, hwm kB)."""
+    out = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat", "rb") as f:
+                rest = f.read().rsplit(b")", 1)[1].split()
+            rss = hwm = 0
+            with open(f"/proc/{d}/status", "rb") as f:
+                for line in f:
+                    if line.startswith(b"VmRSS:"):
+                        rss = int(line.split()[1])
+                    elif line.startswith(b"VmHWM:"):
+                        hwm = int(line.split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        out[int(d)] = (int(rest[1]), sum(int(x) for x in rest[11:15]), rss, hwm)
+    return out
+
+
+def tree_of(table: dict, root: int) -> list[int]:
+    kids: dict[int, list] = {}
+    for pid, row in table.items():
+        kids.setdefault(row[0], []).append(pid)
+    out, todo = [], [root]
+    while todo:
+        p = todo.pop()
+        if p in table:
+            out.append(p)
+            todo.extend(kids.get(p, ()))
+    return out
+
+
+def roots(lab, sites=None) -> dict:
+    """type -> [root pids] over both sites (or *sites*)."""
+    r: dict[str, list] = {t: [] for t in TYPES}
+    for site in sites or lab.sites:
+        run = lab.run_of(site)
+        for n in lab.nodes:
+            for what in ("worker", "api", "scheduler"):
+                if (pid := run.pid(f"{what}@{n}")) is not None:
+                    r[what].append(pid)
+        if (pid := run.pid("controller")) is not None:
+            r["controller"].append(pid)
+        if site in lab.redis_procs:
+            r["redis"].append(lab.redis_procs[site].pid)
+        for n in lab.nodes:
+            if (p := lab.sshd_procs.get((site, n))) is not None:
+                r["sshd+receivers"].append(p.pid)
+    return r
+
+
+def usage(lab, sites=None) -> dict:
+    """type -> {cpu_ticks, rss_kb, hwm_kb (largest single process), procs}."""
+    table = proc_table()
+    out = {}
+    for t, pids in roots(lab, sites).items():
+        members = [p for root in pids for p in tree_of(table, root)]
+        out[t] = {"cpu": sum(table[p][1] for p in members), "rss_kb": sum(table[p][2] for p in members),
+                  "hwm_kb": max((table[p][3] for p in members), default=0), "procs": len(members)}
+    return out
+
+
+# -- Redis ---------------------------------------------------------------------------
+def redis_calls(port: int) -> int:
+    import redis
+    stats = redis.Redis(port=port, socket_timeout=10).info("commandstats")
+    return sum(v["calls"] for v in stats.values())
+
+
+# -- the bench -------------------------------------------------------------------------
+class Scale:
+    def __init__(self, args):
+        from drsvc.lab import NodesLab
+        self.args = args
+        self.rnd = random.Random(args.seed)
+        self.root = Path(tempfile.mkdtemp(prefix="drsvc-bench-scale-"))
+        self.lab = NodesLab(self.root, sites=("a", "b"), nodes=("n1", "n2", "n3"), pool_size=args.pool_size,
+                            visibility_timeout=max(60, 2 * args.interval), node_call_timeout=30)
+        self.vols: dict[str, str] = {}        # volume id -> node
+        self.create_s: list[float] = []
+        self.enable_s: list[float] = []
+        self.paused = threading.Event()
+        self.stop = threading.Event()
+        self.out: dict = {"args": vars(args), "stages": [], "faults": []}
+
+    # -- calls -------------------------------------------------------------------------
+    def connect(self):
+        from csi_plugin.gen import csi_pb2_grpc, replication_pb2_grpc
+        self.channel = grpc.insecure_channel(self.lab.endpoint_of("a"))
+        grpc.channel_ready_future(self.channel).result(timeout=60)
+        self.ctl = csi_pb2_grpc.ControllerStub(self.channel)
+        self.repl = replication_pb2_grpc.ControllerStub(self.channel)
+
+    def create(self, name: str) -> tuple[str, str]:
+        from csi_plugin.gen import csi_pb2
+        cap = csi_pb2.VolumeCapability(mount=csi_pb2.VolumeCapability.MountVolume(fs_type="ext4"),
+                                       access_mode=csi_pb2.VolumeCapability.AccessMode(mode=1))
+        req = csi_pb2.CreateVolumeRequest(name=name, capacity_range=csi_pb2.CapacityRange(
+            required_bytes=self.args.mib * MiB), volume_capabilities=[cap])
+        vol = self.ctl.CreateVolume(req, timeout=60).volume
+        return vol.volume_id, dict(vol.accessible_topology[0].segments)[NODE]
+
+    def enable(self, vid: str) -> None:
+        from csi_plugin.gen import replication_pb2
+        req = replication_pb2.EnableVolumeReplicationRequest(
+            parameters={"schedulingInterval": f"{self.args.interval}s"})
+        req.replication_source.volume.volume_id = vid
+        for _ in range(600):
+            try:
+                self.repl.EnableVolumeReplication(req, timeout=60)
+                return
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.ABORTED:
+                    raise
+                time.sleep(0.2)
+        raise RuntimeError(f"enable of {vid} still ABORTED")
+
+    def image(self, vid: str, site: str = "a") -> Path:
+        return self.lab.pool(self.vols[vid], site) / "images" / f"{vid}.img"
+
+    def write(self, vid: str) -> None:
+        """1% of the volume, in 64 KiB writes at random places."""
+        size, chunk = self.args.mib * MiB, 64 << 10
+        with open(self.image(vid), "r+b") as f:
+            for _ in range(max(1, size // 100 // chunk)):
+                f.seek(self.rnd.randrange(0, size - chunk, 4096))
+                f.write(self.rnd.randbytes(chunk))
+            f.flush()
+            os.fsync(f.fileno())
+
+    def writer(self) -> None:
+        """Each volume rewritten once per interval, the volumes one after another."""
+        while not self.stop.is_set():
+            vids = list(self.vols)
+            self.rnd.shuffle(vids)
+            gap = self.args.interval / max(1, len(vids))
+            t = time.monotonic()
+            for i, vid in enumerate(vids):
+                if self.stop.is_set():
+                    return
+                while self.paused.is_set() and not self.stop.is_set():
+                    time.sleep(0.2)
+                try:
+                    self.write(vid)
+                except OSError:
+                    pass
+                ahead = t + (i + 1) * gap - time.monotonic()
+                if ahead > 0:
+                    self.stop.wait(ahead)
+
+    # -- reading the units' state ------------------------------------------------------
+    def describe(self, vid: str, site: str = "a"):
+        from drsvc.replication.status import ReplicationStatus
+        return ReplicationStatus(site, self.lab.pool(self.vols[vid], site), None, None).describe(vid)
+
+    def reports(self, vid: str) -> list[dict]:
+        from drsvc.replication.state import find_state
+        st = find_state(self.lab.pool(self.vols[vid], "a"), vid)
+        return list(st.reports) if st else []
+
+    def healthy(self, info) -> bool:
+        return info.status == "HEALTHY" and info.lag_seconds <= 1.5 * self.args.interval
+
+    def add(self, count: int) -> None:
+        t = time.monotonic()
+        base = len(self.vols)
+        new = []
+        for i in range(base, base + count):
+            t0 = time.perf_counter()
+            vid, node = self.create(f"scale-{i:05}")
+            self.create_s.append(time.perf_counter() - t0)
+            self.vols[vid] = node
+            new.append(vid)
+            self.write(vid)
+        log(f"created {count} volumes in {time.monotonic() - t:.1f}s")
+        t = time.monotonic()
+        for vid in new:
+            t0 = time.perf_counter()
+            self.enable(vid)
+            self.enable_s.append(time.perf_counter() - t0)
+        log(f"enabled {count} volumes in {time.monotonic() - t:.1f}s")
+
+    def log_offsets(self) -> dict:
+        run = self.lab.run_of("a")
+        return {n: run.log_file(f"worker@{n}").stat().st_size for n in self.lab.nodes}
+
+    def delays_since(self, offsets: dict, until: dict) -> list[float]:
+        run = self.lab.run_of("a")
+        out = []
+        for n, off in offsets.items():
+            with open(run.log_file(f"worker@{n}"), "rb") as f:
+                f.seek(off)
+                chunk = f.read(until[n] - off)
+            out += [float(m.group(1)) for m in DELAY_RE.finditer(chunk)]
+        return out
+
+    # -- one measured window -----------------------------------------------------------
+    def measure(self, duration: float) -> dict:
+        a = self.args
+        lag_samples: list[float] = []
+        always_ok = set(self.vols)
+        rss_peak = {t: 0 for t in TYPES}
+        halt = threading.Event()
+
+        def sampler():
+            while not halt.is_set():
+                for vid in list(self.vols):
+                    try:
+                        info = self.describe(vid)
+                    except Exception:  # noqa: BLE001 - a unit being written: next sample
+                        continue
+                    lag_samples.append(info.lag_seconds)
+                    if not self.healthy(info):
+                        always_ok.discard(vid)
+                for t, u in usage(self.lab).items():
+                    rss_peak[t] = max(rss_peak[t], u["rss_kb"])
+                halt.wait(a.sample_every)
+
+        ua0, ub0 = usage(self.lab, ["a"]), usage(self.lab, ["b"])
+        u0, r0, ra0, offs = usage(self.lab), redis_calls(self.lab.redis_ports["a"]), \
+            redis_calls(self.lab.redis_ports["b"]), self.log_offsets()
+        load0 = os.getloadavg()
+        t0 = time.time()
+        th = threading.Thread(target=sampler, daemon=True)
+        th.start()
+        time.sleep(duration)
+        t1 = time.time()
+        ua1, ub1 = usage(self.lab, ["a"]), usage(self.lab, ["b"])
+        u1, r1, rb1, offs1 = usage(self.lab), redis_calls(self.lab.redis_ports["a"]), \
+            redis_calls(self.lab.redis_ports["b"]), self.log_offsets()
+        halt.set()
+        th.join()
+        reps = [r for vid in self.vols for r in self.reports(vid) if t0 <= r["started_at"] <= t1]
+        syncs = len(reps)
+        phases: dict[str, list] = {}
+        for r in reps:
+            for k, v in (r.get("phases") or {}).items():
+                if isinstance(v, (int, float)):
+                    phases.setdefault(k, []).append(v)
+        delays = self.delays_since(offs, offs1)
+        window = t1 - t0
+        return {
+            "volumes": len(self.vols), "window_s": round(window, 1),
+            "load_avg_before": [round(x, 2) for x in load0], "load_avg_after": [round(x, 2) for x in os.getloadavg()],
+            "syncs": syncs, "syncs_per_s": round(syncs / window, 3),
+            "expected_syncs_per_s": round(len(self.vols) / a.interval, 3),
+            "sync_s": summary([r["duration_s"] for r in reps]),
+            "bytes_on_wire_p50": pct([r["bytes_on_wire"] for r in reps], 50),
+            "phase_p50_s": {k: round(statistics.median(v), 4) for k, v in sorted(phases.items())},
+            "drift_s": summary(delays),
+            "lag_s": summary(lag_samples),
+            "units_healthy_all_window": len(always_ok),
+            "redis_a_calls": r1 - r0, "redis_b_calls": rb1 - ra0,
+            "redis_cmds_per_sync": round((r1 - r0) / syncs, 1) if syncs else None,
+            "cpu_s": {t: round((u1[t]["cpu"] - u0[t]["cpu"]) / CLK, 1) for t in TYPES},
+            "cpu_s_site_a": {t: round((ua1[t]["cpu"] - ua0[t]["cpu"]) / CLK, 1) for t in TYPES},
+            "cpu_s_site_b": {t: round((ub1[t]["cpu"] - ub0[t]["cpu"]) / CLK, 1) for t in TYPES},
+            "cpu_s_per_sync": {t: round((u1[t]["cpu"] - u0[t]["cpu"]) / CLK / syncs, 4) if syncs else None
+                               for t in TYPES},
+            "rss_peak_mib": {t: round(rss_peak[t] / 1024, 1) for t in TYPES},
+            "hwm_largest_mib": {t: round(u1[t]["hwm_kb"] / 1024, 1) for t in TYPES},
+            "procs": {t: u1[t]["procs"] for t in TYPES},
+        }
+
+    # -- faults --------------------------------------------------------------------------
+    def fault(self, name: str, affected: list[str], inject, recover, probe=None) -> dict:
+        a = self.args
+        from drsvc.replication.control import find_control
+        fails0 = {v: (c.failures_total if (c := find_control(self.lab.pool(self.vols[v], "a"), v)) else 0)
+                  for v in affected}
+        bad_at: list[float] = []
+        max_lag = 0.0
+        worst = 0
+        t0 = time.time()
+        log(f"fault {name}: injecting ({len(affected)} units affected)")
+        inject()
+        deadline = time.time() + a.fault_hold
+        while time.time() < deadline:
+            n_bad, max_lag = self._poll(affected, bad_at, max_lag)
+            worst = max(worst, n_bad)
+            time.sleep(a.sample_every)
+        recover()
+        t_rec = time.time()
+        probe_out = probe() if probe else None
+        log(f"fault {name}: recovered after {t_rec - t0:.0f}s; waiting for every affected unit")
+        # settled: every affected unit has synced since the recovery and reads healthy
+        settled = None
+        limit = t_rec + a.settle_intervals * a.interval
+        while time.time() < limit:
+            n_bad, max_lag = self._poll(affected, bad_at, max_lag)
+            worst = max(worst, n_bad)
+            fresh = sum(1 for v in affected if (r := self.reports(v)) and r[-1]["started_at"] >= t_rec)
+            if n_bad == 0 and fresh == len(affected):
+                settled = time.time()
+                break
+            time.sleep(a.sample_every)
+        fails1 = {v: (c.failures_total if (c := find_control(self.lab.pool(self.vols[v], "a"), v)) else 0)
+                  for v in affected}
+        check = self.verify(random.Random(a.seed).sample(affected, min(a.verify, len(affected))))
+        out = {"fault": name, "affected_units": len(affected), "held_s": round(t_rec - t0, 1),
+               "units_degraded_max": worst, "max_lag_s": round(max_lag, 1),
+               "degraded_s": round(max(bad_at) - min(bad_at) + a.sample_every, 1) if bad_at else 0.0,
+               "failed_syncs": sum(fails1[v] - fails0[v] for v in affected),
+               "all_synced_after_recovery_s": round(settled - t_rec, 1) if settled else None,
+               **check}
+        if probe_out is not None:
+            out.update(probe_out)
+        log(f"fault {name}: {json.dumps(out)}")
+        return out
+
+    def _poll(self, units, bad_at, max_lag):
+        n_bad = 0
+        for v in units:
+            try:
+                info = self.describe(v)
+            except Exception:  # noqa: BLE001
+                continue
+            max_lag = max(max_lag, info.lag_seconds)
+            if not self.healthy(info):
+                n_bad += 1
+        if n_bad:
+            bad_at.append(time.time())
+        return n_bad, max_lag
+
+    def verify(self, units: list[str]) -> dict:
+        """Writer paused: each unit syncs once more; its replica must match the source."""
+        self.paused.set()
+        time.sleep(1.0)                 # a write in progress finishes
+        tp = time.time()
+        try:
+            pending = set(units)
+            limit = tp + self.args.settle_intervals * self.args.interval
+            while pending and time.time() < limit:
+                pending = {v for v in pending if not ((r := self.reports(v)) and r[-1]["started_at"] > tp)}
+                time.sleep(1.0)
+            same = differ = 0
+            for v in units:
+                if v in pending:
+                    continue
+                if sha(self.image(v, "a")) == sha(self.image(v, "b")):
+                    same += 1
+                else:
+                    differ += 1
+            return {"verified": len(units), "replica_matches": same, "replica_differs": differ,
+                    "not_synced_in_time": len(pending)}
+        finally:
+            self.paused.clear()
+
+    def faults(self) -> None:
+        lab = self.lab
+        run = lab.run_of("a")
+        on = {n: [v for v, node in self.vols.items() if node == n] for n in lab.nodes}
+        everyone = list(self.vols)
+
+        def kill_worker():
+            os.killpg(run.pid("worker@n1"), signal.SIGKILL)
+        self.out["faults"].append(self.fault("kill -9 worker@n1 (site a)", on["n1"], kill_worker,
+                                             lambda: run.start("worker@n1")))
+        self.out["faults"].append(self.fault("sshd of n2 at site b stopped", on["n2"],
+                                             lambda: lab.stop_sshd("b", "n2"), lambda: lab.start_sshd("b", "n2")))
+        self.out["faults"].append(self.fault("site a's Redis killed (SIGKILL), restarted after the hold",
+                                             everyone, lambda: lab.stop_redis("a"), lambda: lab.start_redis("a")))
+
+        def probe_controller():
+            t = time.time()
+            ok = None
+            while time.time() - t < 120:
+                try:
+                    self.create(f"probe-{int(time.time() * 1000)}")
+                    ok = time.time() - t
+                    break
+                except grpc.RpcError:
+                    time.sleep(0.2)
+            return {"create_ok_after_restart_s": round(ok, 2) if ok is not None else None}
+
+        def kill_controller():
+            run.stop("controller", sig=signal.SIGKILL)
+            # calls fail while it is down
+            try:
+                self.create(f"probe-down-{int(time.time())}")
+                self._down_answer = "answered"
+            except grpc.RpcError as e:
+                self._down_answer = e.code().name
+        out = self.fault("controller kill -9, restarted after the hold", everyone, kill_controller,
+                         lambda: run.start("controller"), probe=probe_controller)
+        out["create_while_down"] = getattr(self, "_down_answer", None)
+        self.out["faults"].append(out)
+
+    # -- whole run -----------------------------------------------------------------------
+    def run(self) -> dict:
+        a = self.args
+        stages = [int(x) for x in a.growth.split(",")] if a.growth else [a.volumes]
+        try:
+            t = time.monotonic()
+            self.lab.build()
+            self.lab.up()
+            self.connect()
+            log(f"lab up in {time.monotonic() - t:.1f}s at {self.root}")
+            w = threading.Thread(target=self.writer, daemon=True)
+            for i, n in enumerate(stages):
+                self.add(n - len(self.vols))
+                if i == 0:
+                    w.start()
+                log(f"{len(self.vols)} volumes: warm-up {a.warmup}s")
+                time.sleep(a.warmup)
+                duration = a.duration if n == stages[-1] else a.growth_duration
+                log(f"{len(self.vols)} volumes: measuring {duration}s")
+                st = self.measure(duration)
+                st["create_ms"] = {k: (round(v * 1000, 1) if isinstance(v, float) else v)
+                                   for k, v in summary(self.create_s).items()}
+                st["create_ms_after_first_10"] = {k: (round(v * 1000, 1) if isinstance(v, float) else v)
+                                                  for k, v in summary(self.create_s[10:]).items()}
+                st["enable_ms"] = {k: (round(v * 1000, 1) if isinstance(v, float) else v)
+                                   for k, v in summary(self.enable_s).items()}
+                st["placement"] = {nd: sum(1 for x in self.vols.values() if x == nd) for nd in self.lab.nodes}
+                self.out["stages"].append(st)
+                log(f"stage: {json.dumps(st)}")
+                self.checkpoint()
+            if a.faults:
+                self.faults()
+                self.checkpoint()
+        finally:
+            self.stop.set()
+            self.paused.clear()
+            if a.keep:
+                log(f"lab kept at {self.root}")
+            else:
+                self.lab.teardown()
+        return self.out
+
+    def checkpoint(self) -> None:
+        if self.args.out:
+            Path(self.args.out).write_text(json.dumps(self.out, indent=1))
+
+
+def sha(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(4 * MiB):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.splitlines()[0])
+    ap.add_argument("--volumes", type=int, default=600)
+    ap.add_argument("--mib", type=int, default=64)
+    ap.add_argument("--interval", type=int, default=60)
+    ap.add_argument("--warmup", type=float, default=90, help="seconds after enabling, before measuring")
+    ap.add_argument("--duration", type=float, default=300, help="measured window (the last stage's)")
+    ap.add_argument("--growth", default="", help="sizes measured in turn on one lab, e.g. 150,300,600")
+    ap.add_argument("--growth-duration", type=float, default=120, help="window of the earlier growth stages")
+    ap.add_argument("--sample-every", type=float, default=5.0)
+    ap.add_argument("--pool-size", default="4G", help="each node's loop XFS (sparse)")
+    ap.add_argument("--faults", action="store_true")
+    ap.add_argument("--fault-hold", type=float, default=30, help="seconds each fault lasts")
+    ap.add_argument("--settle-intervals", type=float, default=3.0)
+    ap.add_argument("--verify", type=int, default=20, help="affected units checksummed after each fault")
+    ap.add_argument("--seed", type=int, default=13)
+    ap.add_argument("--out", default="", help="also write the results here as they come")
+    ap.add_argument("--keep", action="store_true", help="leave the lab running")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        sys.exit("bench.scale needs root (loop devices, mounts)")
+    out = Scale(args).run()
+    for st in out["stages"]:
+        print(f"{st['volumes']} volumes every {args.interval}s, window {st['window_s']}s, load {st['load_avg_after']}: "
+              f"{st['syncs_per_s']} syncs/s (expected {st['expected_syncs_per_s']}); sync p50 {st['sync_s']['p50']}s "
+              f"p99 {st['sync_s']['p99']}s; drift p50 {st['drift_s']['p50']}s p99 {st['drift_s']['p99']}s; "
+              f"lag p50 {st['lag_s']['p50']}s p99 {st['lag_s']['p99']}s max {st['lag_s']['max']}s; "
+              f"healthy {st['units_healthy_all_window']}/{st['volumes']}; redis cmds/sync {st['redis_cmds_per_sync']}; "
+              f"CreateVolume p50 {st['create_ms']['p50']} ms p99 {st['create_ms']['p99']} ms")
+        print(f"  phases p50 (s): {st['phase_p50_s']}")
+        print(f"  cpu s: {st['cpu_s']}  peak rss MiB: {st['rss_peak_mib']}")
+    for f in out["faults"]:
+        print(f"fault: {json.dumps(f)}")
+    if args.json:
+        print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
