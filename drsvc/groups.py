@@ -45,7 +45,7 @@ class Group:
 
 def _max_volumes(params: dict) -> int:
     raw = params.get("maxVolumes", str(DEFAULT_MAX_VOLUMES))
-    if not raw.isdigit() or not 1 <= int(raw) <= 1024:
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 1024:
         raise InvalidParameter(key="maxVolumes", reason="must be an integer from 1 to 1024")
     return int(raw)
 

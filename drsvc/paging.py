@@ -10,7 +10,7 @@ def paginate(items: list, max_entries: int, token: str) -> Page:
         raise InvalidInput("max_entries must not be negative")
     start = 0
     if token:
-        if not token.isdigit() or int(token) > len(items):
+        if not (token.isascii() and token.isdigit()) or int(token) > len(items):
             raise BadPageToken(token=token[:64])
         start = int(token)
     end = len(items) if max_entries == 0 else min(len(items), start + max_entries)

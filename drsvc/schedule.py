@@ -18,7 +18,7 @@ MAX_INTERVAL = 7 * 86400
 def parse_interval(text: str) -> int:
     """'30s', '5m', '1h', '1h30m', or a bare number of seconds -> seconds."""
     text = (text or "").strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():
         secs = int(text)
     else:
         parts = _PART.findall(text)

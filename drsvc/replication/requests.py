@@ -46,7 +46,7 @@ class ReplicationRequests:
         interval = parse_interval(params.get("schedulingInterval", f"{DEFAULT_INTERVAL}s"))
         start = parse_start_time(params.get("schedulingStartTime", ""))
         bw = params.get("bandwidthLimit", "0")
-        if not bw.isdigit():
+        if not (bw.isascii() and bw.isdigit()):
             raise InvalidParameter(key="bandwidthLimit", reason="bytes per second, a whole number")
         if unit.kind == "volume":
             vol = self.volumes.get_volume(unit.unit_id)

@@ -55,3 +55,14 @@ def test_unknown_nodes_are_named():
         config.parse(A, node="n9")
     with pytest.raises(ConfigInvalid, match="lists no node"):
         config.parse({**A, "nodes": {"n3": {"pool": "/p3"}}}, node="n3")       # b has no n3
+
+
+def test_page_tokens_and_numbers_are_ascii_digits_only():
+    """'²'.isdigit() is True in Python, and int('²') raises: a fuzzed ListVolumes token
+    answered INTERNAL. Such a token is a bad page token (ABORTED at the edge)."""
+    from drsvc.errors import BadPageToken
+    from drsvc.paging import paginate
+    for token in ("²", "١", "12³"):
+        with pytest.raises(BadPageToken):
+            paginate([1, 2, 3], 0, token)
+    assert paginate([1, 2, 3], 1, "1").items == [2]
