@@ -30,9 +30,9 @@ from .errors import (BadPageToken, CapacityOutOfRange, Conflict, DrsvcError, Gro
 from .groups import Group
 from .ids import check_id, check_map, check_name, name_key
 from .model import Capability, ContentSource, Page, Snapshot, Volume
-from .snapshots import GroupSnapshot
 from .modify import check_mutable
 from .replication.status import Info
+from .snapshots import GroupSnapshot
 from .volumes import DEFAULT_CAPACITY, check_capabilities, node_topology, pair_zone
 
 log = logging.getLogger(__name__)
@@ -43,9 +43,9 @@ class NodeCalls(Protocol):
         """Run *op* on *node*'s pool and return its JSON result; a domain error raised there
         is raised here with its class; NodeUnreachable when the node does not answer."""
 
-    def call_each(self, nodes: list[str], op: str, kwargs: dict, *, wait: float) -> dict:
-        """*op* on every node at once: node -> result, or the DrsvcError it ended with.
-        *kwargs* is the same for all, or {node: kwargs} when it is keyed by every node."""
+    def call_each(self, calls: dict[str, dict], op: str, *, wait: float) -> dict:
+        """*op* on several nodes at once, each with its kwargs ({node: kwargs}): node ->
+        result, or the DrsvcError it ended with."""
 
     def holder(self, key: str) -> str | None:
         """The node *key* (a client-chosen name) is claimed for, if any."""
@@ -259,6 +259,13 @@ class ClusterReplication:
         return self._call("sync_now", kind, ident, wait=wait)
 
 
+def _dig(doc: dict, path: str):
+    """doc['a']['b'] for path 'a.b'."""
+    for part in path.split("."):
+        doc = doc[part]
+    return doc
+
+
 def _matches(topology: dict, term: dict) -> bool:
     return all(topology.get(k) == v for k, v in term.items())
 
@@ -295,7 +302,7 @@ class ClusterController:
 
     def probe(self) -> None:
         """Ready when at least one storage node answers."""
-        results = self.calls.call_each(list(self.cfg.nodes), "probe", {}, wait=self.probe_wait)
+        results = self.calls.call_each(dict.fromkeys(self.cfg.nodes, {}), "probe", wait=self.probe_wait)
         if all(isinstance(r, DrsvcError) for r in results.values()):
             raise NodeUnreachable(node="(all)", site=self.cfg.site, wait=self.probe_wait,
                                   reason="no storage node answered")
@@ -310,8 +317,8 @@ class ClusterController:
         now = time.monotonic()
         ask = [n for n in nodes if self._suspect.get(n, 0) <= now] or nodes
         out = {}
-        for node, r in self.calls.call_each(ask, "capacity", {"capabilities": _caps_out(capabilities)},
-                                            wait=self.probe_wait).items():
+        kwargs = {"capabilities": _caps_out(capabilities)}
+        for node, r in self.calls.call_each(dict.fromkeys(ask, kwargs), "capacity", wait=self.probe_wait).items():
             if isinstance(r, DrsvcError):
                 log.warning("node %s left out of placement for %.0fs: %s", node, self.SUSPECT_FOR, r.message)
                 self._suspect[node] = time.monotonic() + self.SUSPECT_FOR
@@ -347,6 +354,32 @@ class ClusterController:
                     return n
         return fits[0]
 
+    # -- a named object: its name claimed for a node, made there, remembered by id ---------
+    def _make(self, key: str, holder: str, made: bool, op: str, kwargs: dict, id_field: str) -> dict:
+        """Run the create *op* on *holder*; *made*: this call claimed the name. A failure that
+        created nothing lets the name go (a retry may place it afresh); a conflict or a node
+        that did not answer keeps it with its node (a retry must find its object there).
+        The new object's id remembers its name's key, for the delete."""
+        try:
+            doc = self.calls.call(holder, op, kwargs, wait=self.wait)
+        except (Conflict, NodeUnreachable):
+            raise
+        except DrsvcError:
+            if made:
+                self.calls.release(key, holder)
+            raise
+        self.calls.bind(_dig(doc, id_field), key)
+        return doc
+
+    def _unmake(self, node: str, op: str, id_field: str, object_id: str) -> None:
+        """Run the delete *op*, then drop the name's claim: by the key the node names, or,
+        when the node no longer knows the object (a retry whose first answer was lost), by
+        the key its id remembers."""
+        key = self.calls.call(node, op, {id_field: object_id}, wait=self.wait)
+        key = self.calls.unbind(object_id) or key
+        if key:
+            self.calls.release(key, node)
+
     # -- volumes -------------------------------------------------------------------
     def create_volume(self, name: str, *, required_bytes: int = 0, limit_bytes: int = 0,
                       capabilities: list[Capability] = (), parameters: dict | None = None,
@@ -370,16 +403,7 @@ class ClusterController:
                            capabilities, list(requisite), list(preferred))
             holder = self.calls.claim(key, chosen)
             made = holder == chosen
-        try:
-            vol = Volume.from_doc(self.calls.call(holder, "create_volume", kwargs, wait=self.wait))
-        except (Conflict, NodeUnreachable):
-            raise           # the name stays with its node: a retry must find its volume there
-        except DrsvcError:
-            if made:        # nothing was created under this name: a retry may place it afresh
-                self.calls.release(key, holder)
-            raise
-        self.calls.bind(vol.volume_id, key)
-        return vol
+        return Volume.from_doc(self._make(key, holder, made, "create_volume", kwargs, "volume_id"))
 
     def _group_node(self, group_id: str, source: ContentSource | None) -> str:
         """A group member is made on its group's node (a clone's source must be there too)."""
@@ -403,10 +427,7 @@ class ClusterController:
         node = self.node_of(check_id(volume_id))
         if node is None:
             return          # not a volume of this site's nodes: nothing to delete
-        key = self.calls.call(node, "delete_volume", {"volume_id": volume_id}, wait=self.wait)
-        key = self.calls.unbind(volume_id) or key
-        if key:
-            self.calls.release(key, node)
+        self._unmake(node, "delete_volume", "volume_id", volume_id)
 
     def validate(self, volume_id: str, capabilities: list[Capability], parameters: dict) -> str:
         return self._on(volume_id, "volume_id", VolumeNotFound(volume_id=volume_id), "validate",
@@ -448,7 +469,8 @@ class ClusterController:
         if not nodes:
             return Capacity(0, 0, 0)
         kwargs = {"capabilities": _caps_out(capabilities), "parameters": dict(parameters or {})}
-        answers = {n: r for n, r in self.calls.call_each(nodes, "capacity", kwargs, wait=self.probe_wait).items()
+        answers = {n: r for n, r in self.calls.call_each(dict.fromkeys(nodes, kwargs), "capacity",
+                                                         wait=self.probe_wait).items()
                    if not isinstance(r, DrsvcError)}
         if not answers:
             raise NodeUnreachable(node=", ".join(nodes), site=self.cfg.site, wait=self.probe_wait,
@@ -461,7 +483,6 @@ class ClusterController:
                         required_bytes=required_bytes, limit_bytes=limit_bytes)
 
     def modify_volume(self, volume_id: str, mutable: dict) -> None:
-        check_id(volume_id)
         self._on(volume_id, "volume_id", VolumeNotFound(volume_id=volume_id), "modify_volume",
                  mutable=check_mutable(dict(mutable)))
 
@@ -475,27 +496,15 @@ class ClusterController:
         made = self.calls.holder(key) is None
         if self.calls.claim(key, node) != node:
             raise SnapshotExists(name=name)       # that name is a snapshot on another node
-        try:
-            doc = self.calls.call(node, "create_snapshot", {"name": name, "source_volume_id": source_volume_id,
-                                                            "parameters": dict(parameters or {})}, wait=self.wait)
-        except (Conflict, NodeUnreachable):
-            raise
-        except DrsvcError:
-            if made:
-                self.calls.release(key, node)
-            raise
-        snap = Snapshot.from_doc(doc)
-        self.calls.bind(snap.snapshot_id, key)
-        return snap
+        return Snapshot.from_doc(self._make(key, node, made, "create_snapshot", {
+            "name": name, "source_volume_id": source_volume_id, "parameters": dict(parameters or {})},
+            "snapshot_id"))
 
     def delete_snapshot(self, snapshot_id: str) -> None:
         node = self.node_of(check_id(snapshot_id, "snapshot_id"))
         if node is None:
             return
-        key = self.calls.call(node, "delete_snapshot", {"snapshot_id": snapshot_id}, wait=self.wait)
-        key = self.calls.unbind(snapshot_id) or key
-        if key:
-            self.calls.release(key, node)
+        self._unmake(node, "delete_snapshot", "snapshot_id", snapshot_id)
 
     def get_snapshot(self, snapshot_id: str) -> Snapshot:
         return Snapshot.from_doc(self._on(snapshot_id, "snapshot_id", SnapshotNotFound(snapshot_id=snapshot_id),
@@ -536,38 +545,30 @@ class ClusterController:
             made = holder == chosen
         elif volume_ids and self._members_node(volume_ids) != holder:
             raise GroupSpansNodes(reason=f"group {name!r} is on node {holder}")
-        try:
-            return _group_in(self.calls.call(holder, "create_group", {
-                "name": name, "parameters": dict(parameters or {}), "volume_ids": list(volume_ids)}, wait=self.wait))
-        except (Conflict, NodeUnreachable):
-            raise
-        except DrsvcError:
-            if made:
-                self.calls.release(key, holder)
-            raise
+        return _group_in(self._make(key, holder, made, "create_group", {
+            "name": name, "parameters": dict(parameters or {}), "volume_ids": list(volume_ids)}, "group.group_id"))
 
     def _group_call(self, group_id: str, op: str, **kwargs):
         node = self.node_of(check_id(group_id, "volume_group_id"))
         if node is None:
             raise GroupNotFound(group_id=group_id)
-        return node, self.calls.call(node, op, {"group_id": group_id, **kwargs}, wait=self.wait)
+        return self.calls.call(node, op, {"group_id": group_id, **kwargs}, wait=self.wait)
 
     def modify_group(self, group_id: str, volume_ids, parameters: dict | None = None) -> GroupView:
         node = self.node_of(check_id(group_id, "volume_group_id"))
         if volume_ids and node is not None and self._members_node(volume_ids) != node:
             raise GroupSpansNodes(reason=f"group {group_id} is on node {node}")
         return _group_in(self._group_call(group_id, "modify_group", volume_ids=list(volume_ids),
-                                          parameters=dict(parameters or {}))[1])
+                                          parameters=dict(parameters or {})))
 
     def delete_group(self, group_id: str) -> None:
-        if self.node_of(check_id(group_id, "volume_group_id")) is None:
+        node = self.node_of(check_id(group_id, "volume_group_id"))
+        if node is None:
             return                      # names no node of this site: nothing to delete
-        node, key = self._group_call(group_id, "delete_group")
-        if key:
-            self.calls.release(key, node)
+        self._unmake(node, "delete_group", "group_id", group_id)
 
     def get_group(self, group_id: str) -> GroupView:
-        return _group_in(self._group_call(group_id, "get_group")[1])
+        return _group_in(self._group_call(group_id, "get_group"))
 
     def list_groups(self, max_entries: int = 0, token: str = "") -> Page:
         return self._pages("list_groups", max_entries, token, {}, _group_in)
@@ -607,7 +608,7 @@ class ClusterController:
         kwargs = {n: {"group_snapshot_id": gsid, "name": name, "source_volume_ids": vids,
                       "snapshot_ids": [sid[v] for v in vids], "parameters": params, "nodes": nodes,
                       "barrier": barrier, "timeout": self.BARRIER_TIMEOUT} for n, vids in by_node.items()}
-        parts = self.calls.call_each(nodes, "group_snapshot_part", kwargs, wait=self.wait)
+        parts = self.calls.call_each(kwargs, "group_snapshot_part", wait=self.wait)
         failed = {n: r for n, r in parts.items() if isinstance(r, DrsvcError)}
         if failed:
             # nothing half-made stays: the parts that were cut are removed, the name let go

@@ -1,6 +1,7 @@
 """Dispatcher over Celery: queue an operation on its queue (data or control) and wait, bounded."""
 from __future__ import annotations
 
+import time
 import uuid
 
 import redis
@@ -8,7 +9,8 @@ from celery import Celery
 from celery.exceptions import TimeoutError as CeleryTimeout
 
 from drsvc.dispatch import raise_from_dict
-from drsvc.errors import BrokerUnreachable, DrsvcError, NodeUnreachable, OperationInProgress, WorkerFailed
+from drsvc.errors import (BrokerUnreachable, DrsvcError, NodeUnreachable, NotGroupConsistent, OperationInProgress,
+                          WorkerFailed)
 
 from . import inflight
 
@@ -91,11 +93,9 @@ class NodeDispatcher:
         except redis.RedisError as e:
             raise BrokerUnreachable(reason=type(e).__name__) from None
 
-    def call_each(self, nodes: list[str], op: str, kwargs: dict, *, wait: float) -> dict:
-        import time
+    def call_each(self, calls: dict[str, dict], op: str, *, wait: float) -> dict:
         try:
-            per_node = set(kwargs) == set(nodes) and all(isinstance(v, dict) for v in kwargs.values())
-            sent = {n: self._send(n, op, kwargs[n] if per_node else kwargs, wait) for n in nodes}
+            sent = {n: self._send(n, op, kwargs, wait) for n, kwargs in calls.items()}
             deadline = time.monotonic() + wait
             out = {}
             for n, res in sent.items():
@@ -152,8 +152,6 @@ class RedisBarrier:
         self.r, self.key, self.parties, self.timeout = r, key, parties, timeout
 
     def wait(self) -> None:
-        import time
-        from drsvc.errors import NotGroupConsistent
         try:
             self.r.incr(self.key)
             self.r.expire(self.key, 600)
