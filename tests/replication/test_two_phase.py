@@ -167,3 +167,35 @@ def test_the_peer_site_settles_a_round_left_prepared_before_it_promotes(span):
     states = {"n1": {"generation": 2, "prepared": {"txid": "t", "target": 3, "round": "r"}},
               "n2": {"generation": 2, "prepared": None}}
     assert settle_plan(states) == {"n1": False}
+
+
+@pytest.mark.parametrize("point", ["receiver.after_prepare", "receiver.after_decide_marker"])
+def test_a_receiver_killed_in_the_two_phase_commit_loses_nothing(span, point):
+    """n1's receiver is SIGKILLed after its vote, or after it marked the decision committed:
+    the round still ends the same on both nodes (applied by replay at the next contact, or
+    settled by the next sync), and the next round is cut on both."""
+    from drsvc.errors import DrsvcError
+    assert not both(span)[1]
+    for n in NODES:
+        write_at(span["pools"]["a", n] / "images" / f"{span['vols'][n]}.img", MiB, os.urandom(12288))
+    out, errs = {}, {}
+
+    def run(n):
+        env = {"DRSVC_FAILPOINTS": point} if n == "n1" else None
+        try:
+            out[n] = sync_unit(span["pools"]["a", n], GROUP, [span["vols"][n]],
+                               LocalPeer(span["pools"]["b", n], name=f"b-{n}", env=env), kind="group",
+                               cut=cut(span, n, vote_wait=20))
+        except DrsvcError as e:
+            errs[n] = e
+    threads = [threading.Thread(target=run, args=(n,)) for n in NODES]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert "n1" in errs, out
+    out, errs = both(span)
+    assert not errs, errs
+    assert gens(span, "a") == gens(span, "b")
+    assert len(set(gens(span, "b").values())) == 1
+    same(span)
