@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from .config import SiteConfig
 from .controller import Capacity, GroupView, PoolController, VolumeStatus
 from .errors import (BadPageToken, CapacityOutOfRange, Conflict, DrsvcError, GroupNotFound, GroupSnapshotExists,
-                     GroupSnapshotNotFound, GroupSpansNodes, MissingField, NoNodeFits, NodeUnreachable,
+                     GroupSnapshotNotFound, GroupSpansNodes, MissingField, NotGroupConsistent, NoNodeFits, NodeUnreachable,
                      ReplicationNotConfigured, SnapshotExists, SnapshotListMismatch, SnapshotNotFound,
                      VolumeNotFound)
 from .groups import Group
@@ -195,9 +195,21 @@ class NodeOps:
     def op_get_group(self, group_id: str) -> dict:
         return _group_out(self.ctl.get_group(group_id))
 
-    def op_list_groups(self, max_entries: int = 0, token: str = "") -> dict:
+    def op_list_groups(self, max_entries: int = 0, token: str = "", home_only: bool = False) -> dict:
+        """home_only: leave out the parts of spanning groups whose home is another node."""
         page = self.ctl.list_groups(max_entries, token)
-        return {"items": [_group_out(v) for v in page.items], "next_token": page.next_token}
+        home = f"{self.ctl.site.node_id}."
+        return {"items": [_group_out(v) for v in page.items
+                          if not (home_only and v.group.nodes and not v.group.group_id.startswith(home))],
+                "next_token": page.next_token}
+
+    def op_ensure_group_part(self, group_id: str, name: str, parameters, volume_ids, nodes) -> dict:
+        g = self.ctl.site.groups.ensure_part(group_id, name=name, parameters=parameters or {},
+                                            volume_ids=volume_ids, nodes=nodes)
+        return _group_out(self.ctl._view(g))
+
+    def op_forget_group_part(self, group_id: str) -> None:
+        self.ctl.site.groups.forget_part(group_id)
 
     def op_replication(self, method: str, kind: str, ident: str, **kwargs) -> Any:
         """A Replication RPC on a unit of this node (drsvc.replication.api.ReplicationAPI)."""
@@ -207,6 +219,16 @@ class NodeOps:
             raise DrsvcError(f"unknown replication call {method!r}")
         out = getattr(self.replication, method)(kind, ident, **kwargs)
         return asdict(out) if isinstance(out, Info) else out
+
+    def op_round_state(self, unit_id: str) -> dict:
+        """A spanning group's part here: applied generation, and a round left prepared."""
+        from .replication.receiver import round_state
+        return round_state(self.ctl.site.pool.layout, check_id(unit_id, "volume_group_id"))
+
+    def op_settle_round(self, unit_id: str, txid: str, commit: bool) -> dict:
+        from .replication.receiver import settle_round
+        return settle_round(self.ctl.site.pool.layout, check_id(unit_id, "volume_group_id"),
+                            check_id(txid, "transaction id"), bool(commit))
 
     def op_list_snapshots(self, max_entries: int = 0, token: str = "", snapshot_id: str = "",
                           source_volume_id: str = "") -> dict:
@@ -220,22 +242,44 @@ REPLICATION_METHODS = ("enable", "disable", "promote", "demote", "resync", "info
 class ClusterReplication:
     """The Replication RPCs of a multi-node site: each runs on the node holding the unit,
     where the node's own requests dispatch the job to its control queue and wait for it
-    (a node's api worker runs nothing else, so it never waits on itself). A group's
-    members sit on its node, so a group replicates as on a one-node site."""
+    (a node's api worker runs nothing else, so it never waits on itself).
+
+    A volume group whose members sit on several nodes replicates as one part per node
+    (``replication.cut``): each call goes to every part at once (their syncs meet at the
+    cut), and a promote first settles any round left prepared at this site's nodes, so
+    every part takes over at the same generation."""
 
     def __init__(self, ctl: ClusterController, *, rpc_wait: float = 20.0):
         self.ctl = ctl
         self.wait = ctl.wait + rpc_wait      # the node's own wait for its job, and the trip
 
-    def _call(self, method: str, kind: str, ident: str, **kwargs) -> Any:
+    def _node(self, kind: str, ident: str) -> str:
         check_id(ident, "volume_group_id" if kind == "group" else "volume_id")
         node = self.ctl.node_of(ident)
         if node is None:
             if kind == "group":
                 raise GroupNotFound(group_id=ident)
             raise VolumeNotFound(volume_id=ident)
-        return self.ctl.calls.call(node, "replication", {"method": method, "kind": kind, "ident": ident, **kwargs},
-                                   wait=self.wait)
+        return node
+
+    def parts(self, kind: str, ident: str) -> list[str]:
+        """The nodes a unit's calls go to: its node, or every node of a spanning group."""
+        node = self._node(kind, ident)
+        if kind != "group":
+            return [node]
+        g = _group_in(self.ctl.calls.call(node, "get_group", {"group_id": ident}, wait=self.ctl.wait)).group
+        return sorted(g.nodes) if len(g.nodes) > 1 else [node]
+
+    def _call(self, method: str, kind: str, ident: str, **kwargs) -> Any:
+        nodes = self.parts(kind, ident)
+        call = {"method": method, "kind": kind, "ident": ident, **kwargs}
+        if len(nodes) == 1:
+            return self.ctl.calls.call(nodes[0], "replication", call, wait=self.wait)
+        out = self.ctl.calls.call_each({n: call for n in nodes}, "replication", wait=self.wait)
+        failed = [r for r in out.values() if isinstance(r, DrsvcError)]
+        if failed:
+            raise failed[0]
+        return [out[n] for n in nodes]
 
     def enable(self, kind: str, ident: str, params: dict) -> None:
         self._call("enable", kind, ident, params=dict(params))
@@ -244,19 +288,82 @@ class ClusterReplication:
         self._call("disable", kind, ident, params=dict(params))
 
     def promote(self, kind: str, ident: str, force: bool) -> None:
+        nodes = self.parts(kind, ident)
+        if len(nodes) > 1:
+            self.settle(ident, nodes)
         self._call("promote", kind, ident, force=force)
+
+    def settle(self, unit_id: str, nodes: list[str]) -> int:
+        """Bring every part of a spanning group to one generation before it takes over.
+
+        A round prepared on some nodes was decided commit at the origin only if every
+        part voted, and a part applies only after the decision: so if any node applied
+        the round, it is applied on all of them; otherwise it is dropped on all."""
+        calls = self.ctl.calls
+        states = calls.call_each({n: {"unit_id": unit_id} for n in nodes}, "round_state", wait=self.ctl.wait)
+        failed = [r for r in states.values() if isinstance(r, DrsvcError)]
+        if failed:
+            raise failed[0]
+        for n, commit in settle_plan(states).items():
+            p = states[n]["prepared"]
+            out = calls.call(n, "settle_round", {"unit_id": unit_id, "txid": p["txid"], "commit": commit},
+                             wait=self.ctl.wait)
+            log.info("group %s: round %s (generation %s) left prepared on %s: %s", unit_id, p["round"],
+                     p["target"], n, "applied, as another node had" if commit else "dropped, as no node applied it")
+            states[n]["generation"] = out.get("generation", states[n]["generation"])
+        gens = {n: st["generation"] for n, st in states.items()}
+        if len(set(gens.values())) > 1:
+            raise NotGroupConsistent(reason=f"the parts of group {unit_id} hold different generations "
+                                            f"({', '.join(f'{n}: {g}' for n, g in sorted(gens.items()))})")
+        return next(iter(gens.values()))
 
     def demote(self, kind: str, ident: str, force: bool) -> None:
         self._call("demote", kind, ident, force=force)
 
     def resync(self, kind: str, ident: str, force: bool) -> bool:
-        return bool(self._call("resync", kind, ident, force=force))
+        out = self._call("resync", kind, ident, force=force)
+        return all(out) if isinstance(out, list) else bool(out)
 
     def info(self, kind: str, ident: str) -> Info:
-        return Info(**self._call("info", kind, ident))
+        out = self._call("info", kind, ident)
+        if not isinstance(out, list):
+            return Info(**out)
+        return combine_info([Info(**d) for d in out])
 
     def sync_now(self, kind: str, ident: str, wait: float | None = None) -> dict:
-        return self._call("sync_now", kind, ident, wait=wait)
+        out = self._call("sync_now", kind, ident, wait=wait)
+        return out if isinstance(out, dict) else {"parts": out}
+
+
+def settle_plan(states: dict[str, dict]) -> dict[str, bool]:
+    """For each node holding a prepared round (``receiver.round_state``): apply it (True)
+    when another node already applied that generation, else drop it (False)."""
+    plan = {}
+    for n, st in sorted(states.items()):
+        p = st["prepared"]
+        if p is not None:
+            plan[n] = any(o["generation"] == p["target"] and o["prepared"] is None
+                          for m, o in states.items() if m != n)
+    return plan
+
+
+def combine_info(parts: list[Info]) -> Info:
+    """One group's replication info from its parts: the oldest sync and the worst health,
+    so a part that lags is the group's lag."""
+    worst = max(parts, key=lambda i: (i.status != "HEALTHY", i.lag_seconds, i.consecutive_failures))
+    roles = {i.role for i in parts}
+    return Info(role=worst.role if len(roles) > 1 else parts[0].role, epoch=max(i.epoch for i in parts),
+                generation=min(i.generation for i in parts), peer=parts[0].peer, interval=parts[0].interval,
+                last_sync_time=min(i.last_sync_time for i in parts),
+                last_sync_duration=max(i.last_sync_duration for i in parts),
+                last_sync_bytes=sum(i.last_sync_bytes for i in parts), status=worst.status,
+                status_message=worst.status_message if len(roles) == 1 else
+                f"parts disagree on the role ({', '.join(sorted(roles))}); {worst.status_message}",
+                lag_seconds=max(i.lag_seconds for i in parts),
+                missed_intervals=max(i.missed_intervals for i in parts),
+                consecutive_failures=max(i.consecutive_failures for i in parts),
+                failures_total=sum(i.failures_total for i in parts),
+                schedule_delay=max(i.schedule_delay for i in parts))
 
 
 def _dig(doc: dict, path: str):
@@ -523,30 +630,56 @@ class ClusterController:
             return Page([Snapshot.from_doc(d) for d in page["items"]], page["next_token"])
         return self._pages("list_snapshots", max_entries, token, {}, Snapshot.from_doc)
 
-    # -- volume groups: a group and its members sit on one node ------------------------
-    def _members_node(self, volume_ids) -> str | None:
-        nodes = {}
+    # -- volume groups: on one node, or in parts on several (one record per node) -----------
+    def _by_node(self, volume_ids) -> dict[str, list]:
+        nodes: dict[str, list] = {}
         for vid in volume_ids:
             node = self.node_of(check_id(vid))
             if node is None:
                 raise VolumeNotFound(volume_id=vid)
             nodes.setdefault(node, []).append(vid)
-        if len(nodes) > 1:
-            raise GroupSpansNodes(reason="; ".join(f"{n}: {', '.join(v)}" for n, v in sorted(nodes.items())))
-        return next(iter(nodes), None)
+        return nodes
+
+    def _set_parts(self, view: GroupView, by_node: dict[str, list], home: str) -> GroupView:
+        """Write every node's part of a group spanning nodes (members, and the list of
+        nodes); drop the parts of nodes that no longer hold a member."""
+        g = view.group
+        nodes = sorted(set(by_node) | {home})
+        calls = {n: {"group_id": g.group_id, "name": g.name, "parameters": dict(g.parameters),
+                     "volume_ids": by_node.get(n, []), "nodes": nodes if len(nodes) > 1 else []} for n in nodes}
+        out = self.calls.call_each(calls, "ensure_group_part", wait=self.wait)
+        failed = [r for r in out.values() if isinstance(r, DrsvcError)]
+        if failed:
+            raise failed[0]
+        for n in sorted(set(g.nodes) - set(nodes)):
+            self.calls.call(n, "forget_group_part", {"group_id": g.group_id}, wait=self.wait)
+        return self._merged([_group_in(out[n]) for n in nodes])
+
+    @staticmethod
+    def _merged(parts: list[GroupView]) -> GroupView:
+        first = parts[0]
+        if len(parts) == 1:
+            return first
+        g = Group.from_doc(first.group.to_doc())
+        g.volume_ids = [v for p in parts for v in p.group.volume_ids]
+        return GroupView(g, [v for p in parts for v in p.volumes])
 
     def create_group(self, name: str, parameters: dict | None = None, volume_ids=()) -> GroupView:
         check_name(name)
         key = name_key("group", name)
+        by_node = self._by_node(volume_ids)
         holder, made = self.calls.holder(key), False
         if holder is None:
-            chosen = self._members_node(volume_ids) or self.place(0, (), [], [])
+            chosen = min(by_node) if by_node else self.place(0, (), [], [])
             holder = self.calls.claim(key, chosen)
             made = holder == chosen
-        elif volume_ids and self._members_node(volume_ids) != holder:
-            raise GroupSpansNodes(reason=f"group {name!r} is on node {holder}")
-        return _group_in(self._make(key, holder, made, "create_group", {
-            "name": name, "parameters": dict(parameters or {}), "volume_ids": list(volume_ids)}, "group.group_id"))
+        view = _group_in(self._make(key, holder, made, "create_group", {
+            "name": name, "parameters": dict(parameters or {}), "volume_ids": by_node.get(holder, [])},
+            "group.group_id"))
+        if len(by_node) > 1 or (by_node and holder not in by_node):
+            log.info("volume group %s (%s) spans nodes %s", view.group.group_id, name, sorted(by_node))
+            view = self._set_parts(view, by_node, holder)
+        return view
 
     def _group_call(self, group_id: str, op: str, **kwargs):
         node = self.node_of(check_id(group_id, "volume_group_id"))
@@ -555,9 +688,14 @@ class ClusterController:
         return self.calls.call(node, op, {"group_id": group_id, **kwargs}, wait=self.wait)
 
     def modify_group(self, group_id: str, volume_ids, parameters: dict | None = None) -> GroupView:
-        node = self.node_of(check_id(group_id, "volume_group_id"))
-        if volume_ids and node is not None and self._members_node(volume_ids) != node:
-            raise GroupSpansNodes(reason=f"group {group_id} is on node {node}")
+        home = self.node_of(check_id(group_id, "volume_group_id"))
+        by_node = self._by_node(volume_ids)
+        if home is not None:
+            cur = _group_in(self._group_call(group_id, "get_group")).group
+            if cur.nodes or set(by_node) - {home}:
+                if parameters:
+                    cur.parameters = {**cur.parameters, **dict(parameters)}
+                return self._set_parts(GroupView(cur, []), by_node, home)
         return _group_in(self._group_call(group_id, "modify_group", volume_ids=list(volume_ids),
                                           parameters=dict(parameters or {})))
 
@@ -565,13 +703,25 @@ class ClusterController:
         node = self.node_of(check_id(group_id, "volume_group_id"))
         if node is None:
             return                      # names no node of this site: nothing to delete
+        try:
+            cur = _group_in(self._group_call(group_id, "get_group")).group
+        except GroupNotFound:
+            cur = None
+        for n in sorted(set(cur.nodes if cur else ()) - {node}):     # the other parts first, the home last
+            self.calls.call(n, "delete_group", {"group_id": group_id}, wait=self.wait)
         self._unmake(node, "delete_group", "group_id", group_id)
 
     def get_group(self, group_id: str) -> GroupView:
-        return _group_in(self._group_call(group_id, "get_group"))
+        home = self.node_of(check_id(group_id, "volume_group_id"))
+        view = _group_in(self._group_call(group_id, "get_group"))
+        others = [n for n in view.group.nodes if n != home]
+        return self._merged([view] + [_group_in(self.calls.call(n, "get_group", {"group_id": group_id},
+                                                                wait=self.wait)) for n in others])
 
     def list_groups(self, max_entries: int = 0, token: str = "") -> Page:
-        return self._pages("list_groups", max_entries, token, {}, _group_in)
+        page = self._pages("list_groups", max_entries, token, {"home_only": True}, _group_in)
+        return Page([self.get_group(v.group.group_id) if len(v.group.nodes) > 1 else v for v in page.items],
+                    page.next_token)
 
     # -- volume group snapshots: across nodes, cut in parts at one instant ----------------
     BARRIER_TIMEOUT = 5.0     # the longest a node holds its freeze waiting for the others

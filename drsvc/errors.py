@@ -252,6 +252,16 @@ class ReplicationConflict(PreconditionFailed):
     template = "unit {unit_id!r}: {reason}"
 
 
+class RoundUndecided(ReplicationConflict):
+    template = ("unit {unit_id!r}: generation {target} (round {round}) is prepared here and waits for its "
+                "round's decision; nothing else is applied before it")
+
+
+class RoundAborted(Unavailable):
+    template = ("unit {unit_id!r}: not every storage node of the group {reason}; this round was "
+                "aborted everywhere and the next one captures again")
+
+
 class ImageInUse(PreconditionFailed):
     template = ("replica image of {volume_id!r} (unit {unit_id!r}) is attached read-write "
                 "({holder}); the receiver applies nothing under it")

@@ -34,6 +34,7 @@ class Group:
     volume_ids: list = field(default_factory=list)
     max_volumes: int = DEFAULT_MAX_VOLUMES
     created_at: float = 0.0
+    nodes: list = field(default_factory=list)     # a group spanning storage nodes: every part's node
 
     def to_doc(self) -> dict:
         return asdict(self)
@@ -192,16 +193,18 @@ class GroupService:
         return self.modify(group_id, g.volume_ids + [volume_id])
 
     def ensure_replica(self, group_id: str, *, name: str, parameters: dict, max_volumes: int,
-                       volume_ids: list[str]) -> Group:
-        """The record of a group replicated from the peer, with the origin's members.
+                       volume_ids: list[str], nodes=()) -> Group:
+        """The record of a group replicated from the peer, with the origin's members
+        (this node's part of them, when the group spans storage nodes: *nodes*).
 
         Repeat-safe. A volume the origin no longer lists leaves the group here
         too (its group_id is cleared), so it can be deleted at this site."""
         check_id(group_id, "volume_group_id")
         members = sorted(check_id(v) for v in volume_ids)
+        nodes = sorted(nodes)
         with self.pool.lock(group_id, blocking=True):
             g = self.find(group_id)
-            if g is not None and g.volume_ids == members:
+            if g is not None and g.volume_ids == members and g.nodes == nodes:
                 return g
             g = g or Group(group_id=group_id, name=name, parameters=dict(parameters), max_volumes=max_volumes,
                            created_at=time.time())
@@ -210,11 +213,39 @@ class GroupService:
                 if vol is not None and vol.group_id == group_id:
                     self._set_member(vid, "")
             g.volume_ids = members
+            g.nodes = nodes
             store.write_doc(self.pool.group_meta(group_id), g.to_doc())
             idx = self.pool.name_index(name_key("group", g.name))
             if store.read_doc(idx) is None:
                 store.write_doc(idx, {"name": g.name, "group_id": group_id})
             return g
+
+    def ensure_part(self, group_id: str, *, name: str, parameters: dict, volume_ids, nodes) -> Group:
+        """This node's part of a group whose members sit on several storage nodes: the
+        group's id, name and parameters, this node's members, and every part's node (the
+        site controller writes one on each node). Repeat-safe."""
+        check_id(group_id, "volume_group_id")
+        nodes = sorted({check_id(n, "node") for n in nodes})
+        with self.pool.lock(group_id):
+            g = self.find(group_id)
+            if g is None:
+                params = {k: v for k, v in check_map(parameters or {}, "parameters").items()
+                          if not k.startswith(CO_PREFIXES)}
+                g = Group(group_id=group_id, name=check_name(name), parameters=params,
+                          max_volumes=_max_volumes(params), created_at=time.time())
+            g.nodes = nodes
+            store.write_doc(self.pool.group_meta(group_id), g.to_doc())
+            idx = self.pool.name_index(name_key("group", g.name))
+            if store.read_doc(idx) is None:
+                store.write_doc(idx, {"name": g.name, "group_id": group_id})
+        return self.modify(group_id, list(volume_ids))
+
+    def forget_part(self, group_id: str) -> None:
+        """Drop this node's part of a spanning group (its members left the group); repeat-safe."""
+        with self.pool.lock(check_id(group_id, "volume_group_id")):
+            g = self.find(group_id)
+            if g is not None:
+                self._forget(g)
 
     def list(self, max_entries: int = 0, token: str = ""):
         groups = sorted((Group.from_doc(d) for d in self.pool.list_docs("groups")),

@@ -31,10 +31,14 @@ class CeleryDispatcher:
                            queue=self.queue(op))
         return task_id
 
+    def cut(self, group_id: str, nodes) -> RedisCut:
+        """How this node's part of *group_id* (members on *nodes*) meets the others."""
+        return RedisCut(self.redis, self.cfg.site, group_id, self.cfg.node_id, nodes)
+
     def run(self, op: str, unit_id: str, kwargs: dict, *, wait: float) -> dict:
         try:
             task_id = str(uuid.uuid4())
-            held = inflight.claim(self.redis, self.cfg.site, unit_id, op, kwargs, task_id)
+            held = inflight.claim(self.redis, self.cfg.scope, unit_id, op, kwargs, task_id)
             if held["task_id"] == task_id:
                 self.app.send_task(f"drsvc.{op}", args=[unit_id], kwargs=kwargs, task_id=task_id,
                                    queue=self.queue(op), kwargsrepr=None)
@@ -163,3 +167,105 @@ class RedisBarrier:
                 time.sleep(0.002)
         except redis.RedisError as e:
             raise BrokerUnreachable(reason=type(e).__name__) from None
+
+
+# One Lua call joins a part to the open round of a cut (or opens one) and, when it is the
+# last part to arrive, marks the round passed and closes it, so the next sync of the same
+# generation (after a failed round) opens a new one. A round marked failed stays failed.
+_JOIN = """
+local rid = redis.call('GET', KEYS[1])
+if not rid then
+  rid = ARGV[1]
+  redis.call('SET', KEYS[1], rid, 'EX', 120)
+end
+local m = ARGV[4] .. rid
+redis.call('SADD', m .. ':frozen', ARGV[2])
+redis.call('EXPIRE', m .. ':frozen', 600)
+if redis.call('SCARD', m .. ':frozen') >= tonumber(ARGV[3]) then
+  redis.call('SET', m .. ':cut', 'passed', 'NX', 'EX', 600)
+  if redis.call('GET', KEYS[1]) == rid then redis.call('DEL', KEYS[1]) end
+end
+return rid
+"""
+# A part that waited too long fails the round unless it passed meanwhile.
+_GIVE_UP = """
+redis.call('SET', KEYS[2], 'failed', 'NX', 'EX', 600)
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+return redis.call('GET', KEYS[2])
+"""
+_VOTE = """
+redis.call('SADD', KEYS[1], ARGV[1])
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
+if redis.call('SCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  redis.call('SET', KEYS[2], 'commit', 'NX', 'EX', tonumber(ARGV[3]))
+end
+return redis.call('GET', KEYS[2])
+"""
+
+
+class RedisCut:
+    """drsvc.replication.cut.Cut in the site's Redis, for one node's part of a group.
+
+    Keys (``drsvc:<site>:cut:``…): ``open:<group>:<epoch>:<gen>`` points at the round
+    being cut; ``round:<id>:frozen`` / ``:cut`` (passed|failed) the meeting;
+    ``round:<id>:prepared`` the votes and ``round:<id>:decision`` (commit|abort), set
+    once and kept a week, so a part that crashed settles the round at its next sync."""
+
+    FREEZE_WAIT = 5.0           # the longest a part holds its freeze waiting for the others
+    VOTE_WAIT = 300.0           # the longest a prepared part waits for the slowest stream
+    KEEP = 7 * 86400
+
+    def __init__(self, r: redis.Redis, site: str, group_id: str, node: str, nodes, *,
+                 freeze_wait: float | None = None, vote_wait: float | None = None):
+        self.r, self.group_id, self.node = r, group_id, node
+        self.parts = len(set(nodes))
+        self.prefix = f"drsvc:{site}:cut:"
+        self.freeze_wait = self.FREEZE_WAIT if freeze_wait is None else freeze_wait
+        self.vote_wait = self.VOTE_WAIT if vote_wait is None else vote_wait
+
+    def _round(self, rid: str) -> str:
+        return f"{self.prefix}round:{rid}"
+
+    def _redis(self, fn, *a, **kw):
+        try:
+            return fn(*a, **kw)
+        except redis.RedisError as e:
+            raise BrokerUnreachable(reason=type(e).__name__) from None
+
+    def frozen(self, epoch: int, generation: int) -> str:
+        opening = f"{self.prefix}open:{self.group_id}:{epoch}:{generation}"
+        rid = self._redis(self.r.eval, _JOIN, 1, opening, uuid.uuid4().hex, self.node, self.parts,
+                          f"{self.prefix}round:")
+        rid = rid.decode() if isinstance(rid, bytes) else rid
+        state_key = f"{self._round(rid)}:cut"
+        deadline = time.monotonic() + self.freeze_wait
+        while True:
+            state = self._redis(self.r.get, state_key)
+            if state is None and time.monotonic() > deadline:
+                state = self._redis(self.r.eval, _GIVE_UP, 2, opening, state_key, rid)
+            if state == b"passed":
+                return rid
+            if state == b"failed":
+                raise NotGroupConsistent(reason=f"not every node of group {self.group_id} froze its members "
+                                                f"within {self.freeze_wait:.0f}s; nothing was cut")
+            time.sleep(0.002)
+
+    def vote(self, round_id: str) -> bool:
+        votes, decision = f"{self._round(round_id)}:prepared", f"{self._round(round_id)}:decision"
+        out = self._redis(self.r.eval, _VOTE, 2, votes, decision, self.node, self.parts, self.KEEP)
+        deadline = time.monotonic() + self.vote_wait
+        while out is None:
+            if time.monotonic() > deadline:
+                return self.decision(round_id)
+            time.sleep(0.01)
+            out = self._redis(self.r.get, decision)
+        return out == b"commit"
+
+    def fail(self, round_id: str | None) -> None:
+        if round_id:
+            self._redis(self.r.set, f"{self._round(round_id)}:decision", "abort", nx=True, ex=self.KEEP)
+
+    def decision(self, round_id: str) -> bool:
+        key = f"{self._round(round_id)}:decision"
+        self._redis(self.r.set, key, "abort", nx=True, ex=self.KEEP)     # presumed abort
+        return self._redis(self.r.get, key) == b"commit"

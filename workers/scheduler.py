@@ -50,7 +50,7 @@ def enqueue_sync(config_path: str, unit_id: str, interval: int, ph: float | None
     r = redis.Redis.from_url(cfg.redis_url, socket_timeout=10)
     # the marker outlives a dead worker only until its task would be redelivered
     ttl = max(30, min(3 * interval, cfg.visibility_timeout))
-    if not r.set(sync_marker(cfg.site, unit_id), "1", nx=True, ex=ttl):
+    if not r.set(sync_marker(cfg.scope, unit_id), "1", nx=True, ex=ttl):
         log.info("sync of %s still queued or running; not queueing another", unit_id)
         return
     kwargs = {"trigger": "schedule"}

@@ -111,9 +111,9 @@ def register(app) -> None:
                         log.warning("could not release sync slot %s (it lapses): %s", slot.holder, e)
                 if not retrying:
                     try:
-                        inflight.release(r, cfg.site, unit_id, self.request.id)
+                        inflight.release(r, cfg.scope, unit_id, self.request.id)
                         if op == "sync":
-                            r.delete(sync_marker(cfg.site, unit_id))
+                            r.delete(sync_marker(cfg.scope, unit_id))
                     except redis.RedisError as e:
                         log.warning("could not release in-flight marker of %s: %s", unit_id, e)
         return task

@@ -142,9 +142,11 @@ def _coarse_now_ns() -> int:
 
 
 def capture(layout, members, dest: Path, mountpoints=(), bases: dict | None = None, *,
-            block_size: int = 4096, timings: dict | None = None) -> dict[str, Captured]:
+            block_size: int = 4096, timings: dict | None = None, meet=None) -> dict[str, Captured]:
     """Capture *members* into *dest*. bases: volume id -> acked base image (overlay
-    eligible) or None (full). timings gets freeze_s (the frozen window)."""
+    eligible) or None (full). timings gets freeze_s (the frozen window). meet: called
+    frozen, before any clone; returns once the other nodes of a spanning group are
+    frozen too (timings gets its return value as ``round`` and its wait as ``cut_wait_s``)."""
     bases = bases or {}
     dest.mkdir(parents=True)
     base_ext = {}
@@ -176,6 +178,9 @@ def capture(layout, members, dest: Path, mountpoints=(), bases: dict | None = No
     t_pre = time.monotonic()
     with frozen(mountpoints):
         t_frozen, frozen_at = time.monotonic(), time.time()
+        if meet is not None and timings is not None:
+            timings["round"] = meet()
+            timings["cut_wait_s"] = round(time.monotonic() - t_frozen, 4)
         for vol in members:
             src = layout.image(vol)
             if vol in base_ext:

@@ -82,3 +82,8 @@ def connect(a: Attempt) -> None:
     if "error" in opened:
         raise opened["error"]
     a.peer_st = a.session.read_status()
+    jr = a.peer_st.get("journal") or {}
+    if jr.get("prepared"):
+        # a round of a group spanning nodes was left prepared there: its decision, taken once
+        # at this site (none recorded: abort), is what the planner settles it with
+        jr["decision"] = job.cut.decision(jr.get("round")) if job.cut is not None and jr.get("round") else False

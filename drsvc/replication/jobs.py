@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..config import SiteConfig
 from ..dispatch import Dispatcher
-from ..errors import (DrsvcError, NeedsResync, NotSecondary, OperationInProgress, PeerNotDemoted,
+from ..errors import (BrokerUnreachable, DrsvcError, NeedsResync, NotSecondary, OperationInProgress, PeerNotDemoted,
                       PeerNotRecorded, SplitBrain)
 from ..transport import Peer
 from . import state as unit_state
@@ -56,9 +56,25 @@ class ReplicationJobs:
                              "parameters": v.parameters, "group_id": v.group_id}
         group = None
         if c.kind == "group" and (g := self.groups.find(c.unit_id)) is not None:
-            group = {"name": g.name, "parameters": g.parameters, "max_volumes": g.max_volumes}
+            group = {"name": g.name, "parameters": g.parameters, "max_volumes": g.max_volumes,
+                     "nodes": [self._replica_node(n) for n in g.nodes]}
         return {"site": self.cfg.site, "interval": c.interval, "start_time": c.start_time,
                 "bandwidth_limit": c.bandwidth_limit, "kind": c.kind, "volumes": vols, "group": group}
+
+    def _replica_node(self, node: str) -> str:
+        """The peer site's node that holds *node*'s replicas (node pairs, ``peer_node``)."""
+        nc = self.cfg.nodes.get(node)
+        return nc.replica_node if nc is not None else node
+
+    def _cut(self, c: Control):
+        """How this node's part of a group spanning storage nodes meets the others, or None."""
+        if c.kind != "group" or (g := self.groups.find(c.unit_id)) is None or len(g.nodes) < 2:
+            return None
+        make = getattr(self.dispatcher, "cut", None)
+        if make is None:
+            raise BrokerUnreachable(reason=f"group {c.unit_id} spans nodes {g.nodes}: its syncs need the "
+                                           "site's Redis to meet")
+        return make(c.unit_id, g.nodes)
 
     def peer_of(self, unit_id: str) -> str:
         """The peer this site replicates *unit_id* to ("" when not enabled here)."""
@@ -102,7 +118,7 @@ class ReplicationJobs:
             peer = self.peers(c.peer)
             report = sync_unit(self.pool, c.unit_id, members, peer, mountpoints=self._mountpoints(members),
                                demote=demote, kind=c.kind,
-                               bwlimit=c.bandwidth_limit or None, origin=self._origin(c))
+                               bwlimit=c.bandwidth_limit or None, origin=self._origin(c), cut=self._cut(c))
         except OperationInProgress:
             raise
         except SplitBrain as e:
@@ -178,6 +194,7 @@ class ReplicationJobs:
         c = find_control(self.pool, unit_id) or control_from_origin(st)
         if c is None:
             raise PeerNotRecorded(unit_id=unit_id)
+        self._drop_unsettled(unit_id)
         # the received images become the acked base, so the next sync ships only changes
         seed_base(self.pool, unit_id)
         final = None if force else final_sync(st)     # planned: the demote's final sync is our last sync
@@ -191,6 +208,19 @@ class ReplicationJobs:
             save_control(self.pool, c)
         log.info("promoted %s to primary at epoch %d (%s)", unit_id, st.epoch, "forced" if force else "planned")
         return {"role": "primary", "epoch": st.epoch}
+
+    def _drop_unsettled(self, unit_id: str) -> None:
+        """A round of a spanning group still prepared here (the site controller settles
+        rounds across the nodes before it promotes; a promote on this node alone has no
+        other node to ask): taking over without it keeps the generation every node applied."""
+        from ..layout import PoolLayout
+        from .receiver import round_state, settle_round
+        layout = PoolLayout(self.pool)
+        p = round_state(layout, unit_id)["prepared"]
+        if p is not None:
+            settle_round(layout, unit_id, p["txid"], False)
+            log.warning("promote of %s: dropped generation %s of round %s, prepared but never decided",
+                        unit_id, p["target"], p["round"])
 
     def run_resync(self, unit_id: str, *, force: bool = False) -> dict:
         st = unit_state.get_state(self.pool, unit_id)

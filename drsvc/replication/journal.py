@@ -8,6 +8,9 @@
     journal/staging/      new images of members that have no base (written in place)
     journal/commit.json   the commit marker: once it exists the transaction is applied,
                           by this process or by replay at the next contact
+    journal/prepared.json the vote of a two-phase transaction (a volume group spanning
+                          storage nodes): complete and durable, applied only when the
+                          sender brings the round's decision (``decide``), never replayed
 
 Data is written once: a payload goes to data.bin, and apply remaps those blocks into
 the image with FICLONERANGE (metadata only), writing them again only where the pool
@@ -155,6 +158,15 @@ class Journal:
         doc = store.read_doc(self.commit_path)
         return bool(doc) and doc.get("txid") == self.tx.get("txid")
 
+    @property
+    def prepared_path(self) -> Path:
+        return self.dir / "prepared.json"
+
+    def prepared(self) -> bool:
+        """Voted: every record is durable, the decision is the sender's (two-phase only)."""
+        doc = store.read_doc(self.prepared_path)
+        return bool(doc) and doc.get("txid") == self.tx.get("txid")
+
     def create(self, tx: dict) -> None:
         """Start a fresh journal for *tx* (any previous uncommitted one is dropped)."""
         self.discard()
@@ -290,6 +302,11 @@ class Journal:
     def mark_committed(self, count: int, manifest: str) -> None:
         self.sync()
         store.write_doc(self.commit_path, {"txid": self.tx["txid"], "records": count, "manifest": manifest})
+
+    def mark_prepared(self, count: int, manifest: str) -> None:
+        self.sync()
+        store.write_doc(self.prepared_path, {"txid": self.tx["txid"], "records": count, "manifest": manifest,
+                                             "round": self.tx.get("round")})
 
     # -- apply
     def apply(self) -> _Cloner:

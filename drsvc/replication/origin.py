@@ -32,6 +32,7 @@ def parse_origin(raw) -> dict | None:
         group = raw.get("group")
         if group is not None:
             group = {"name": check_name(str(group["name"])), "max_volumes": int(group.get("max_volumes", 32)),
+                     "nodes": sorted({check_id(str(n), "node") for n in group.get("nodes") or ()}),
                      "parameters": {str(k)[:128]: str(x)[:128] for k, x in dict(group.get("parameters") or {}).items()}}
         start = raw.get("start_time")
         return {"site": check_id(str(raw["site"]), "site"), "interval": int(raw.get("interval") or 0),
@@ -56,4 +57,5 @@ def ensure_replicas(pool_root, unit_id: str, kind: str, origin: dict) -> None:
     if kind == "group" and origin.get("group"):
         g = origin["group"]
         GroupService(pool, volumes).ensure_replica(unit_id, name=g["name"], parameters=g["parameters"],
-                                                   max_volumes=g["max_volumes"], volume_ids=list(origin["volumes"]))
+                                                   max_volumes=g["max_volumes"], volume_ids=list(origin["volumes"]),
+                                                   nodes=g.get("nodes") or [])

@@ -225,7 +225,8 @@ def reconcile(unit_id: str, acked: int, pending: Pending | None, peer: dict, mem
               mode: str = "delta") -> list[str]:
     """Steps to take given our acked generation and the peer's status.
 
-    Returns a list among "finalize" (the peer committed our pending generation:
+    Returns a list among "settle" (carry a two-phase round's decision to the peer:
+    ``peer["journal"]["decision"]``), "finalize" (the peer committed our pending generation:
     adopt it), "discard" (drop the pending generation), "resume" (stream the
     pending generation again; the peer keeps what it acked), "sync" (capture and
     send a new generation), "compare". Raises a typed conflict otherwise.
@@ -235,9 +236,19 @@ def reconcile(unit_id: str, acked: int, pending: Pending | None, peer: dict, mem
     if peer.get("resync_requested"):
         mode = "compare"          # the peer discards its divergence: diff against its blocks
     peer_gen = int(peer.get("generation") or 0)
+    peer_txid = peer.get("txid")
     steps: list[str] = []
+    jr = peer.get("journal") or {}
+    if jr.get("prepared"):
+        # a two-phase round (group spanning nodes) awaits its decision, read while connecting
+        steps.append("settle")
+        if jr.get("decision"):
+            peer_gen, peer_txid = int(jr["target"]), jr["txid"]
+        elif pending is not None and pending.txid == jr.get("txid"):
+            steps.append("discard")
+            pending = None
     if pending is not None:
-        if peer_gen == pending.generation and peer.get("txid") == pending.txid:
+        if peer_gen == pending.generation and peer_txid == pending.txid:
             steps.append("finalize")
             acked = pending.generation
             pending = None

@@ -19,8 +19,8 @@ from ..errors import DrsvcError, RemoteError, StreamCorrupt, UnsupportedVersion
 MAGIC = b"DR"
 # 2: the `serve` verb (a warm receiver answers many requests, each a `request`
 #    control message naming an allowlisted verb); a v1 peer is refused.
-VERSION = 2
-SUPPORTED_VERSIONS = (2,)
+VERSION = 3            # 3: two-phase transactions (prepared / decide) for groups spanning nodes
+SUPPORTED_VERSIONS = (3,)
 
 FRAME = struct.Struct(">2sBBI")
 T_CONTROL = 1

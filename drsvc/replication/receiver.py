@@ -27,7 +27,7 @@ import time
 
 from .. import store
 from ..errors import (BaseMismatch, DrsvcError, InvalidParameter, OperationInProgress,
-                      ProtocolError, ReplicaIsPrimary, ReplicationConflict, StaleEpoch,
+                      ProtocolError, ReplicaIsPrimary, ReplicationConflict, RoundUndecided, StaleEpoch,
                       StreamCorrupt, UnitNotFound, UnknownVerb)
 from . import origin as unit_origin
 from . import protocol
@@ -90,7 +90,8 @@ class UnitLock:
 
 # -- replica state --------------------------------------------------------------
 def recover(layout: PoolLayout, unit_id: str) -> Journal:
-    """Finish a committed journal (idempotent replay). An uncommitted one is kept for resume."""
+    """Finish a committed journal (idempotent replay). An uncommitted one is kept for resume,
+    a prepared one (two-phase) for its round's decision."""
     j = Journal(layout, unit_id)
     if j.load() and j.committed():
         st = find_state(layout.root, unit_id)
@@ -141,8 +142,58 @@ def status_of(layout: PoolLayout, unit_id: str, journal: Journal | None = None) 
     j = journal or Journal(layout, unit_id)
     if j.tx or j.load():
         msg["journal"] = {"txid": j.tx["txid"], "base": j.tx["base"], "target": j.tx["target"],
-                          "committed": j.committed()}
+                          "committed": j.committed(), "prepared": j.prepared(), "round": j.tx.get("round")}
     return msg
+
+
+# -- two-phase rounds (a volume group whose members sit on several storage nodes) --------
+def settle(layout: PoolLayout, unit_id: str, txid: str, commit: bool) -> dict:
+    """Carry out a round's decision on this unit's prepared journal; repeat-safe.
+
+    commit: mark it committed and apply it, as a one-phase commit trailer does;
+    abort: drop it. A txid already applied answers committed again; the caller
+    holds the unit lock."""
+    j = Journal(layout, unit_id)
+    st = find_state(layout.root, unit_id)
+    if j.load() and j.tx["txid"] == txid and j.prepared():
+        if not commit:
+            j.discard()
+            return {"type": "aborted", "txid": txid}
+        if st is not None and st.role == "primary":
+            raise ReplicaIsPrimary(unit_id=unit_id)
+        vote = store.read_doc(j.prepared_path)
+        ensure_members_not_in_use(layout, unit_id, [m["volume_id"] for m in j.tx["members"]])
+        j.mark_committed(vote["records"], vote["manifest"])
+        failpoint("receiver.after_decide_marker")
+        applied = j.apply()
+        st = record_generation(layout, j.tx)
+        j.discard()
+        return {"type": "committed", "generation": st.generation, "txid": txid, "epoch": st.epoch,
+                "cloned_bytes": applied.cloned, "copied_bytes": applied.copied}
+    if st is not None and st.txid == txid:
+        return {"type": "committed", "generation": st.generation, "txid": txid, "epoch": st.epoch,
+                "cloned_bytes": 0, "copied_bytes": 0}
+    if commit:
+        raise ReplicationConflict(unit_id=unit_id, reason=f"transaction {txid} is neither prepared nor applied here")
+    return {"type": "aborted", "txid": txid}
+
+
+def round_state(layout: PoolLayout, unit_id: str) -> dict:
+    """What a promote reads on every node of a spanning group: the applied generation and
+    the prepared one, if any."""
+    with UnitLock(layout, unit_id):
+        j = recover(layout, unit_id)
+        st = find_state(layout.root, unit_id)
+        prepared = None
+        if j.tx and j.prepared():
+            prepared = {"txid": j.tx["txid"], "target": j.tx["target"], "round": j.tx.get("round")}
+        return {"exists": st is not None, "generation": st.generation if st else 0,
+                "txid": st.txid if st else None, "role": st.role if st else "secondary", "prepared": prepared}
+
+
+def settle_round(layout: PoolLayout, unit_id: str, txid: str, commit: bool) -> dict:
+    with UnitLock(layout, unit_id):
+        return settle(layout, unit_id, txid, commit)
 
 
 def validate_begin(layout: PoolLayout, tx: dict) -> None:
@@ -192,6 +243,8 @@ def parse_tx(msg: dict) -> dict:
               "force": bool(msg.get("force")), "demote": bool(msg.get("demote")),
               "peer": str(msg.get("peer") or "") or None, "members": members,
               "origin": unit_origin.parse_origin(msg.get("origin")),
+              "two_phase": bool(msg.get("two_phase")),
+              "round": check_id(msg["round"], "round") if msg.get("round") else None,
               "captured_at": float(msg["captured_at"]) if msg.get("captured_at") is not None else None}
     except (KeyError, TypeError, ValueError) as e:
         raise ProtocolError(reason=f"bad begin message: {e!r}") from None
@@ -304,6 +357,14 @@ def verb_apply(layout, reader, out, args):
                 send_hashes(layout, out, int(msg["block_size"]), vols)
             elif kind == "begin":
                 journal = receive_transaction(layout, reader, out, parse_tx(msg), journal)
+            elif kind == "decide":
+                if unit_id is None or msg.get("unit") != unit_id:
+                    raise ProtocolError(reason="decide names the session's unit")
+                if journal is not None:
+                    journal.close()
+                out.control(settle(layout, unit_id, check_id(msg.get("txid"), "transaction id"),
+                                   msg.get("commit") is True))
+                journal = Journal(layout, unit_id)
             elif kind == "bye":
                 return
             else:
@@ -320,6 +381,8 @@ def receive_transaction(layout: PoolLayout, reader: FrameReader, out: Out, tx: d
     began, nbytes = time.time(), 0
     validate_begin(layout, tx)
     j = journal
+    if j.tx and j.prepared():
+        raise RoundUndecided(unit_id=tx["unit"], target=j.tx["target"], round=j.tx.get("round"))
     key = ("unit", "txid", "base", "target")
     if (not tx.get("restart") and j.tx and not j.committed()
             and all(j.tx.get(k) == tx[k] for k in key)):
@@ -356,6 +419,13 @@ def receive_transaction(layout: PoolLayout, reader: FrameReader, out: Out, tx: d
                 raise StreamCorrupt(reason=f"manifest mismatch: {j.chain.count} records received, "
                                            f"{msg.get('records')} sent")
             ensure_members_not_in_use(layout, tx["unit"], [m["volume_id"] for m in tx["members"]])
+            if tx["two_phase"]:
+                # the vote: durable and complete, applied only on the round's decision
+                j.mark_prepared(j.chain.count, j.chain.hexdigest())
+                failpoint("receiver.after_prepare")
+                out.control({"type": "prepared", "txid": tx["txid"], "target": tx["target"],
+                             "round": tx["round"]})
+                return j
             failpoint("receiver.before_commit")
             j.mark_committed(j.chain.count, j.chain.hexdigest())
             failpoint("receiver.after_commit_marker")

@@ -304,10 +304,18 @@ class ApplySession:
         self.send_control({"type": "restart"})
         return self._read("ready")
 
-    def commit(self, records: int, manifest: str) -> dict:
+    def commit(self, records: int, manifest: str, *, expect: str = "committed") -> dict:
+        """The trailer; a two-phase transaction's answer is ``prepared`` (its vote)."""
         self.send_control({"type": "commit", "records": records, "manifest": manifest})
-        reply = self._read("committed")
+        reply = self._read(expect)
         self._in_tx = False
+        return reply
+
+    def decide(self, txid: str, commit: bool) -> dict:
+        """Carry a round's decision to the peer's prepared journal: ``committed`` or ``aborted``."""
+        self._talked = True
+        self.send_control({"type": "decide", "unit": self.unit_id, "txid": txid, "commit": bool(commit)})
+        reply = self._read("committed" if commit else "aborted")
         return reply
 
     def close(self) -> None:

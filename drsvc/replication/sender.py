@@ -164,8 +164,10 @@ def _overlay_bases(layout, st: UnitState, members, mode: str, base_meta: dict) -
 
 
 def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int, txid: str,
-            target: int, base_generation: int, mode: str, peer_maps: dict | None = None) -> Prepared:
-    """Capture and plan one generation into a private directory."""
+            target: int, base_generation: int, mode: str, peer_maps: dict | None = None,
+            cut=None) -> Prepared:
+    """Capture and plan one generation into a private directory. cut: the group spans
+    storage nodes (``replication.cut``): the capture meets the other nodes frozen."""
     unit_id = st.unit_id
     tmp = layout.snap_root(unit_id) / f"tmp-{txid}"
     t0 = time.monotonic()
@@ -173,8 +175,14 @@ def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int,
     base_dir = layout.snap_dir(unit_id, st.generation)
     base_meta = {m["volume_id"]: m for m in _base_meta(layout, unit_id, st).get("members", [])}
     timings: dict = {}
-    captured = capture(layout, members, tmp, mountpoints,
-                       _overlay_bases(layout, st, members, mode, base_meta), block_size=bs, timings=timings)
+    meet = (lambda: cut.frozen(st.epoch, st.generation)) if cut is not None else None
+    try:
+        captured = capture(layout, members, tmp, mountpoints,
+                           _overlay_bases(layout, st, members, mode, base_meta), block_size=bs, timings=timings,
+                           meet=meet)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)      # nothing half-captured stays (a cut not met, a lost image)
+        raise
     t_capture = time.monotonic() - t0
     captured_at = timings.get("frozen_at", captured_at)
     stats = ScanStats()
@@ -233,6 +241,7 @@ def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int,
             "scanned": stats.scanned, "changed": stats.changed, "zeroed": stats.zeroed,
             "capture_s": t_capture, "freeze_s": timings.get("freeze_s", 0.0),
             "precopy_s": timings.get("precopy_s", 0.0),
+            "round": timings.get("round"), "cut_wait_s": timings.get("cut_wait_s", 0.0),
             "ranges_cloned": sum(c.cloned for c in captured.values()),
             "plan_s": time.monotonic() - t0 - t_capture,
             "created_at": time.time(), "captured_at": captured_at, "complete": True}
@@ -265,7 +274,8 @@ def adopt(layout: PoolLayout, st: UnitState, prepared: Prepared, *, epoch: int, 
 def sync_unit(pool, unit_id: str, members, peer, *, mountpoints=(), epoch: int | None = None,
               demote: bool = False, mode: str = "delta", kind: str | None = None,
               block_size: int | None = None, bwlimit: float | None = None,
-              compress: str = "auto", origin: dict | None = None, attempts: int = 1) -> SyncReport:
+              compress: str = "auto", origin: dict | None = None, attempts: int = 1,
+              cut=None) -> SyncReport:
     """Replicate one volume or group to *peer* and return the report (also kept in state.json).
 
     members: the volume ids of the unit (one for a volume unit). mountpoints:
@@ -274,6 +284,8 @@ def sync_unit(pool, unit_id: str, members, peer, *, mountpoints=(), epoch: int |
     site secondary once the peer commits. mode "compare": diff against the
     peer's block hashes instead of our acked snapshot (resync after split brain).
     attempts: how many times to plan and run again after a lost connection.
+    cut: this unit is one node's part of a group spanning storage nodes
+    (``replication.cut``): captures meet the other parts, commits are two-phase.
     """
     if mode not in MODES:
         raise InvalidParameter(key="mode", reason=f"must be one of {MODES}")
@@ -292,7 +304,7 @@ def sync_unit(pool, unit_id: str, members, peer, *, mountpoints=(), epoch: int |
         st = _primary_state(pool, unit_id, members, kind=kind, epoch=epoch, block_size=block_size)
         report.epoch = epoch = st.epoch if epoch is None else epoch
         job = Job(layout, unit_id, members, peer, mountpoints=tuple(mountpoints), epoch=epoch,
-                  demote=demote, mode=mode, compress=compress, bwlimit=bwlimit, origin=origin)
+                  demote=demote, mode=mode, compress=compress, bwlimit=bwlimit, origin=origin, cut=cut)
         drive(job, lambda: _primary_state(pool, unit_id, members, kind=kind, epoch=epoch,
                                           block_size=block_size), report, attempts=attempts)
     report.duration_s = time.monotonic() - t0
@@ -318,7 +330,10 @@ def _primary_state(pool, unit_id, members, *, kind, epoch, block_size) -> UnitSt
 
 
 def stream(session: ApplySession, prepared: Prepared, report: SyncReport, *, unit_id, epoch,
-            demote, kind, peer_name, compress, origin=None, progress_path=None) -> None:
+            demote, kind, peer_name, compress, origin=None, progress_path=None,
+            two_phase: bool = False) -> None:
+    """Send the prepared generation and its trailer. two_phase: the peer only prepares it
+    (votes) and waits for the round's decision (``ApplySession.decide``)."""
     meta = prepared.meta
     plan_path = prepared.dir / "plan.bin"
     t0 = time.monotonic()
@@ -327,6 +342,7 @@ def stream(session: ApplySession, prepared: Prepared, report: SyncReport, *, uni
           "mode": meta["mode"], "force": meta["mode"] == "compare", "demote": demote,
           "peer": (origin or {}).get("site") or os.uname().nodename, "origin": origin,
           "captured_at": meta.get("captured_at"),
+          "two_phase": two_phase, "round": meta.get("round") if two_phase else None,
           "members": [{k: m[k] for k in ("volume_id", "size", "base_size", "fresh")}
                       for m in meta["members"]]}
     ready = session.begin(tx)
@@ -348,8 +364,8 @@ def stream(session: ApplySession, prepared: Prepared, report: SyncReport, *, uni
             os.close(fd)
         if prog:
             prog.done()
-    reply = session.commit(chain.count, chain.hexdigest())
-    if reply.get("txid") != meta["txid"] or reply.get("generation") != meta["generation"]:
+    reply = session.commit(chain.count, chain.hexdigest(), expect="prepared" if two_phase else "committed")
+    if reply.get("txid") != meta["txid"] or reply.get("target" if two_phase else "generation") != meta["generation"]:
         raise ReplicationConflict(unit_id=unit_id, reason=f"peer committed {reply}, expected {meta['txid']}")
     report.phases["stream_s"] = round(time.monotonic() - t0, 4)
     report.txid = meta["txid"]
@@ -367,6 +383,8 @@ def stream(session: ApplySession, prepared: Prepared, report: SyncReport, *, uni
     report.phases["plan_s"] = round(meta.get("plan_s", 0), 4)
     report.phases["freeze_s"] = round(meta.get("freeze_s", 0), 4)
     report.phases["precopy_s"] = round(meta.get("precopy_s", 0), 4)
+    if two_phase:
+        report.phases["cut_wait_s"] = round(meta.get("cut_wait_s", 0), 4)
     report.bytes_on_wire = session.bytes_sent   # the whole conversation, control included
 
 

@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from .. import store
+from ..errors import RoundAborted
 from . import health
 from .faults import failpoint
 from .layout import PoolLayout
@@ -36,6 +37,7 @@ class Job:
     compress: str = "auto"
     bwlimit: float | None = None
     origin: dict | None = None
+    cut: object = None            # replication.cut.Cut: one node's part of a group spanning nodes
 
 
 @dataclass
@@ -60,7 +62,7 @@ class Attempt:
         from .sender import prepare
         j = self.job
         return prepare(j.layout, self.st, j.members, mountpoints=j.mountpoints,
-                       bs=self.st.block_size, **kw)
+                       bs=self.st.block_size, cut=j.cut, **kw)
 
     def prepare_delta(self):
         return self.prepare(txid=uuid.uuid4().hex, target=self.st.generation + 1,
@@ -93,6 +95,18 @@ class Finalize(Step):
         adopt(a.job.layout, a.st, a.pending, epoch=a.job.epoch, peer_name=a.job.peer.name)
         a.pending = None
         a.drop_early()          # it was planned against the old base
+
+
+@register
+class Settle(Step):
+    """The peer holds a prepared generation of a round (a group spanning nodes): carry the
+    round's decision to it (read while connecting). Finalize or Discard follows for our
+    pending copy of it, as the planner saw the decision."""
+    name = "settle"
+
+    def run(self, a: Attempt) -> None:
+        jr = a.peer_st["journal"]
+        a.session.decide(jr["txid"], bool(jr.get("decision")))
 
 
 @register
@@ -148,13 +162,21 @@ class Compare(Step):
 
 
 class Ship(Step):
-    """Intent (rename to snap/<G+1>), stream, commit at the peer, adopt."""
+    """Intent (rename to snap/<G+1>), stream, commit at the peer, adopt.
+
+    For one node's part of a group spanning nodes the commit is two-phase: the peer
+    prepares, the round is decided by every part's vote (``Job.cut``), the decision
+    goes to the peer, and only a committed round is adopted."""
     name = "ship"
 
     def run(self, a: Attempt) -> None:
         from .sender import Prepared, adopt, stream
         j, prepared = a.job, a.prepared
         meta = prepared.meta
+        rid = meta.get("round")
+        if j.cut is not None and (not rid or a.report.resumed):
+            # a round whose stream broke was aborted (fail() below, or the others' vote timed out)
+            self._drop(a, prepared, "cut this generation with it" if not rid else "finished its last round")
         a.report.mode = meta["mode"]           # the planner may have switched to compare
         a.report.phases["prepare_s"] = round(meta.get("capture_s", 0) + meta.get("plan_s", 0), 4)
         if prepared.dir.name != str(meta["generation"]):
@@ -164,9 +186,23 @@ class Ship(Step):
             os.rename(prepared.dir, final)     # from here on this generation may exist at the peer
             store.fsync_dir(final.parent)
             a.prepared = prepared = Prepared(final, meta)
-        stream(a.session, prepared, a.report, unit_id=j.unit_id, epoch=j.epoch, demote=j.demote,
-               kind=a.st.kind, peer_name=j.peer.name, compress=j.compress, origin=j.origin,
-               progress_path=health.progress_path(j.layout.root, j.unit_id))
+        try:
+            stream(a.session, prepared, a.report, unit_id=j.unit_id, epoch=j.epoch, demote=j.demote,
+                   kind=a.st.kind, peer_name=j.peer.name, compress=j.compress, origin=j.origin,
+                   progress_path=health.progress_path(j.layout.root, j.unit_id), two_phase=j.cut is not None)
+        except BaseException:
+            if j.cut is not None:
+                j.cut.fail(rid)      # the others need not wait for a vote that will not come
+            raise
+        if j.cut is not None:
+            failpoint("sender.after_prepare")
+            t = time.monotonic()
+            commit = j.cut.vote(rid)
+            a.report.phases["vote_s"] = round(time.monotonic() - t, 4)
+            failpoint("sender.after_vote")
+            a.session.decide(meta["txid"], commit)
+            if not commit:
+                self._drop(a, prepared, "did not prepare it in time")
         failpoint("sender.after_commit")
         a.report.duration_s = time.monotonic() - a.t0
         t = time.monotonic()
@@ -174,6 +210,14 @@ class Ship(Step):
               report=a.report.to_dict())
         a.report.phases["adopt_s"] = round(time.monotonic() - t, 4)
         a.prepared = None
+
+    @staticmethod
+    def _drop(a: Attempt, prepared, why: str) -> None:
+        """An aborted round: its generation is dropped here, as at the peer."""
+        shutil.rmtree(prepared.dir, ignore_errors=True)
+        store.fsync_dir(prepared.dir.parent)
+        a.prepared = None
+        raise RoundAborted(unit_id=a.job.unit_id, reason=why)
 
 
 def plan_steps(names) -> list[Step]:

@@ -175,8 +175,7 @@ def test_a_nodes_exporter_shows_its_units(two):
 def test_group_on_a_node_replicates_and_fails_over(two):
     """A volume group on a multi-node site: the group sits on a node, its members are made
     there (CreateVolume with volumeGroup), and it replicates and fails over as one unit to
-    the paired node. A group whose volumes sit on two nodes is refused (INVALID_ARGUMENT):
-    a consistent capture across nodes is not built yet."""
+    the paired node."""
     from csi_plugin.gen import volumegroup_pb2
     A, B = two.clients["a"], two.clients["b"]
     g = A.groups.CreateVolumeGroup(volumegroup_pb2.CreateVolumeGroupRequest(name="app")).volume_group
@@ -203,8 +202,86 @@ def test_group_on_a_node_replicates_and_fails_over(two):
     got = B.groups.ControllerGetVolumeGroup(volumegroup_pb2.ControllerGetVolumeGroupRequest(volume_group_id=gid))
     assert sorted(v.volume_id for v in got.volume_group.volumes) == sorted(members)
 
-    v1, v2 = on(A, "span-1", "n1"), on(A, "span-2", "n2")
-    with pytest.raises(grpc.RpcError) as e:
-        A.groups.CreateVolumeGroup(volumegroup_pb2.CreateVolumeGroupRequest(name="span", volume_ids=[v1, v2]))
-    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "one storage node" in e.value.details()
+
+
+def test_group_spanning_nodes_fails_over_and_back_consistently(two):
+    """A volume group with a member on each node: one part per node, each replicating to its
+    peer node, every round cut at one instant on both nodes and committed on both or neither.
+    Planned failover and failback, then a forced failover with resync, all as one group.
+
+    The order of calls is kubernetes-csi-addons' volumegroupreplication controller
+    (internal/controller/replication.storage/volumegroupreplication_controller.go): it
+    creates the VolumeGroup with the PVCs' volume ids, then enables, demotes and promotes
+    the group by its id; Ramen's forced failover adds Promote(force), Demote, Resync(force)."""
+    from csi_plugin.gen import volumegroup_pb2
+    A, B = two.clients["a"], two.clients["b"]
+    vols = {on(A, "span-1", "n1"): "n1", on(A, "span-2", "n2"): "n2"}
+    g = A.groups.CreateVolumeGroup(volumegroup_pb2.CreateVolumeGroupRequest(
+        name="span", volume_ids=list(vols))).volume_group
+    gid = g.volume_group_id
+    assert sorted(v.volume_id for v in g.volumes) == sorted(vols)
+    # retried: the same group
+    again = A.groups.CreateVolumeGroup(volumegroup_pb2.CreateVolumeGroupRequest(name="span", volume_ids=list(vols)))
+    assert again.volume_group.volume_group_id == gid
+    listed = [e.volume_group for e in A.groups.ListVolumeGroups(volumegroup_pb2.ListVolumeGroupsRequest()).entries]
+    assert [sorted(v.volume_id for v in x.volumes) for x in listed if x.volume_group_id == gid] == [sorted(vols)]
+    for v, n in vols.items():
+        write_random(at(two, "a", n), v, seed=len(v) + 3)
+    A.retry("EnableVolumeReplication", group_id=gid, parameters=INTERVAL)
+
+    def rounds(site, k, timeout=90):
+        start = {n: gen(two, site, n, gid) for n in two.nodes}
+        wait_for(lambda: all(gen(two, site, n, gid) >= start[n] + k for n in two.nodes), timeout,
+                 what=f"{k} rounds of the group from {site}")
+
+    rounds("a", 2)
+    for v, n in vols.items():
+        assert image_sha(at(two, "a", n), v) == image_sha(at(two, "b", n), v)
+        assert not (two.pool("n2" if n == "n1" else "n1", "b") / "images" / f"{v}.img").exists()
+    # every round landed on both peer nodes, cut at one instant (the parts' capture times)
+    recs = {n: {r["generation"]: r for r in find_state(two.pool(n, "b"), gid).received} for n in two.nodes}
+    common = sorted(set(recs["n1"]) & set(recs["n2"]))
+    assert len(common) >= 2
+    for G in common:
+        assert abs(recs["n1"][G]["captured_at"] - recs["n2"][G]["captured_at"]) < 5.0
+    for n in two.nodes:            # each part's syncs met the other at the cut and voted
+        phases = find_state(two.pool(n, "a"), gid).reports[-1]["phases"]
+        assert "cut_wait_s" in phases and "vote_s" in phases, phases
+    info = A.call("GetVolumeReplicationInfo", group_id=gid)
+    assert info.status == info.HEALTHY, info.status_message
+
+    # planned failover: Demote at a (both parts' final syncs meet), Promote at b
+    for v, n in vols.items():
+        write_random(at(two, "a", n), v, count=4, seed=21)
+    A.retry("DemoteVolume", group_id=gid)
+    B.retry("PromoteVolume", group_id=gid)
+    for v, n in vols.items():
+        assert image_sha(at(two, "a", n), v) == image_sha(at(two, "b", n), v)
+    assert {find_state(two.pool(n, "b"), gid).epoch for n in two.nodes} == \
+        {find_state(two.pool("n1", "a"), gid).epoch + 1}
+    got = B.groups.ControllerGetVolumeGroup(volumegroup_pb2.ControllerGetVolumeGroupRequest(volume_group_id=gid))
+    assert sorted(v.volume_id for v in got.volume_group.volumes) == sorted(vols)
+
+    # failback: b's parts sync back to a, then b demotes and a promotes
+    for v, n in vols.items():
+        write_random(at(two, "b", n), v, count=5, seed=22)
+    rounds("b", 2)
+    B.retry("DemoteVolume", group_id=gid)
+    A.retry("PromoteVolume", group_id=gid)
+    for v, n in vols.items():
+        assert image_sha(at(two, "a", n), v) == image_sha(at(two, "b", n), v)
+    rounds("a", 1)
+
+    # forced failover: b promotes with force while a keeps writing (split brain on both
+    # nodes); a demotes and resyncs with force, and both parts converge to b's data
+    B.retry("PromoteVolume", group_id=gid, force=True, sidecar=True)
+    for v, n in vols.items():
+        write_random(at(two, "b", n), v, count=3, seed=23)
+        write_random(at(two, "a", n), v, count=3, seed=24)
+    A.retry("DemoteVolume", group_id=gid)
+    A.retry("ResyncVolume", group_id=gid, force=True)
+    wait_for(lambda: A.retry("ResyncVolume", group_id=gid, force=True).ready, 90, what="the group's resync")
+    rounds("b", 1)
+    for v, n in vols.items():
+        assert image_sha(at(two, "a", n), v) == image_sha(at(two, "b", n), v)
+    assert len({gen(two, "a", n, gid) for n in two.nodes}) == 1

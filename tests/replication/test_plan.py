@@ -105,3 +105,19 @@ def test_reconcile():
         plan.reconcile("u", 3, None, {"exists": False, "generation": 0}, ["a"])
     with pytest.raises(ReplicaIsPrimary):
         plan.reconcile("u", 4, None, dict(peer, role="primary"), ["a"])
+
+
+def test_reconcile_settles_a_prepared_round_first():
+    """A part of a group spanning nodes whose peer holds round R prepared (its decision was
+    read while connecting): commit -> the peer applies it, we adopt it, then the next round;
+    abort -> the peer drops it, so do we."""
+    P = plan.Pending(5, "tx5", ("a",))
+    journal = {"txid": "tx5", "base": 4, "target": 5, "committed": False, "prepared": True, "round": "r"}
+    peer = {"exists": True, "generation": 4, "role": "secondary", "txid": "tx4"}
+    commit = dict(peer, journal=dict(journal, decision=True))
+    abort = dict(peer, journal=dict(journal, decision=False))
+    assert plan.reconcile("u", 4, P, commit, ["a"]) == ["settle", "finalize", "sync"]
+    assert plan.reconcile("u", 4, P, abort, ["a"]) == ["settle", "discard", "sync"]
+    assert plan.reconcile("u", 4, None, abort, ["a"]) == ["settle", "sync"]
+    with pytest.raises(ReplicationConflict):      # applied there, but we kept no copy of it
+        plan.reconcile("u", 4, None, commit, ["a"])
