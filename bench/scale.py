@@ -155,6 +155,7 @@ class Scale:
         self.lab = NodesLab(self.root, sites=("a", "b"), nodes=("n1", "n2", "n3"), pool_size=args.pool_size,
                             visibility_timeout=max(60, 2 * args.interval), node_call_timeout=30)
         self.vols: dict[str, str] = {}        # volume id -> node
+        self.moved: dict[str, str] = {}       # failed over to site b by --failovers
         self.create_s: list[float] = []
         self.enable_s: list[float] = []
         self.paused = threading.Event()
@@ -168,6 +169,9 @@ class Scale:
         grpc.channel_ready_future(self.channel).result(timeout=60)
         self.ctl = csi_pb2_grpc.ControllerStub(self.channel)
         self.repl = replication_pb2_grpc.ControllerStub(self.channel)
+        self.channel_b = grpc.insecure_channel(self.lab.endpoint_of("b"))
+        grpc.channel_ready_future(self.channel_b).result(timeout=60)
+        self.repl_b = replication_pb2_grpc.ControllerStub(self.channel_b)
 
     def create(self, name: str) -> tuple[str, str]:
         from csi_plugin.gen import csi_pb2
@@ -192,6 +196,44 @@ class Scale:
                     raise
                 time.sleep(0.2)
         raise RuntimeError(f"enable of {vid} still ABORTED")
+
+    @staticmethod
+    def retried(call, req) -> float:
+        """Wall time of *call* as the csi-addons controller sees it: ABORTED (a sync holds
+        the unit) is retried after 0.2 s."""
+        t = time.perf_counter()
+        while True:
+            try:
+                call(req, timeout=120)
+                return time.perf_counter() - t
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.ABORTED or time.perf_counter() - t > 600:
+                    raise
+                time.sleep(0.2)
+
+    def failovers(self, count: int) -> dict:
+        """Planned failovers of *count* units while the rest keep syncing: DemoteVolume at
+        site a's controller (its final sync included), then PromoteVolume at site b's, each
+        timed through gRPC. The units then belong to site b and leave the measured set."""
+        from csi_plugin.gen import replication_pb2
+        demote, promote, moved = [], [], []
+        load0 = os.getloadavg()
+        for vid in self.rnd.sample(sorted(self.vols), min(count, len(self.vols))):
+            self.moved[vid] = self.vols.pop(vid)     # the writer leaves it alone from now on
+            time.sleep(0.5)                          # (a write in progress ends)
+            d = replication_pb2.DemoteVolumeRequest()
+            d.replication_source.volume.volume_id = vid
+            demote.append(self.retried(self.repl.DemoteVolume, d))
+            p = replication_pb2.PromoteVolumeRequest()
+            p.replication_source.volume.volume_id = vid
+            promote.append(self.retried(self.repl_b.PromoteVolume, p))
+            moved.append(vid)
+        out = {"failovers": len(moved), "units_syncing": len(self.vols),
+               "load_avg_before": [round(x, 2) for x in load0],
+               "demote_ms": {k: (round(v * 1000, 1) if isinstance(v, float) else v) for k, v in summary(demote).items()},
+               "promote_ms": {k: (round(v * 1000, 1) if isinstance(v, float) else v) for k, v in summary(promote).items()}}
+        log(f"failovers: {json.dumps(out)}")
+        return out
 
     def image(self, vid: str, site: str = "a") -> Path:
         return self.lab.pool(self.vols[vid], site) / "images" / f"{vid}.img"
@@ -218,9 +260,11 @@ class Scale:
                     return
                 while self.paused.is_set() and not self.stop.is_set():
                     time.sleep(0.2)
+                if vid not in self.vols:
+                    continue
                 try:
                     self.write(vid)
-                except OSError:
+                except (OSError, KeyError):      # KeyError: failed over meanwhile
                     pass
                 ahead = t + (i + 1) * gap - time.monotonic()
                 if ahead > 0:
@@ -494,6 +538,9 @@ class Scale:
                 self.out["stages"].append(st)
                 log(f"stage: {json.dumps(st)}")
                 self.checkpoint()
+            if a.failovers:
+                self.out["failovers"] = self.failovers(a.failovers)
+                self.checkpoint()
             if a.faults:
                 self.faults()
                 self.checkpoint()
@@ -530,6 +577,8 @@ def main(argv=None) -> int:
     ap.add_argument("--growth-duration", type=float, default=120, help="window of the earlier growth stages")
     ap.add_argument("--sample-every", type=float, default=5.0)
     ap.add_argument("--pool-size", default="4G", help="each node's loop XFS (sparse)")
+    ap.add_argument("--failovers", type=int, default=10,
+                    help="planned failovers (Demote at a, Promote at b) timed after the last window")
     ap.add_argument("--faults", action="store_true")
     ap.add_argument("--fault-hold", type=float, default=30, help="seconds each fault lasts")
     ap.add_argument("--settle-intervals", type=float, default=3.0)
@@ -551,6 +600,10 @@ def main(argv=None) -> int:
               f"CreateVolume p50 {st['create_ms']['p50']} ms p99 {st['create_ms']['p99']} ms")
         print(f"  phases p50 (s): {st['phase_p50_s']}")
         print(f"  cpu s: {st['cpu_s']}  peak rss MiB: {st['rss_peak_mib']}")
+    if fo := out.get("failovers"):
+        print(f"{fo['failovers']} planned failovers while {fo['units_syncing']} units sync: "
+              f"DemoteVolume p50 {fo['demote_ms']['p50']} ms p99 {fo['demote_ms']['p99']} ms; "
+              f"PromoteVolume p50 {fo['promote_ms']['p50']} ms p99 {fo['promote_ms']['p99']} ms")
     for f in out["faults"]:
         print(f"fault: {json.dumps(f)}")
     if args.json:

@@ -390,6 +390,8 @@ class ClusterController:
         self._suspect: dict[str, float] = {}        # node -> monotonic time it is asked again
         zone = pair_zone(cfg.site, cfg.peers, cfg.zone)
         self.topologies = {n: node_topology(zone, c.pair, c.labels) for n, c in sorted(cfg.nodes.items())}
+        # node names may hold dots (FQDNs): an id "<node>.<local id>" names the longest that fits
+        self._longest_first = sorted(cfg.nodes, key=len, reverse=True)
 
     @property
     def site_name(self) -> str:
@@ -398,8 +400,10 @@ class ClusterController:
     # -- routing -------------------------------------------------------------------
     def node_of(self, object_id: str) -> str | None:
         """The node an id names (None: not an id of this site's nodes)."""
-        node, dot, _ = object_id.partition(".")
-        return node if dot and node in self.cfg.nodes else None
+        for node in self._longest_first:
+            if object_id.startswith(node) and object_id[len(node):len(node) + 1] == ".":
+                return node
+        return None
 
     def _on(self, object_id: str, what: str, missing: DrsvcError, op: str, **kwargs) -> Any:
         node = self.node_of(check_id(object_id, what))

@@ -37,6 +37,9 @@ and a multi-node peer names the sshd of each of its nodes (one known_hosts pins 
     [peers.b.nodes.n1]
     host = "10.0.1.1"
     port = 22
+
+A node name may be an FQDN, as Kubernetes node names often are; TOML then needs it quoted
+(``[nodes."w1.dc1.example.com"]``). Its last label must not be ``control`` or ``api``.
 """
 from __future__ import annotations
 
@@ -46,7 +49,7 @@ import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .errors import (ConfigInvalid, ConfigNotFound, NodeNotFound, PeerNotFound, PeerRequired,
+from .errors import (ConfigInvalid, ConfigNotFound, DrsvcError, NodeNotFound, PeerNotFound, PeerRequired,
                      Unauthenticated, UnsupportedEndpoint)
 from .ids import check_id
 
@@ -105,8 +108,9 @@ class NodeConfig:
         return "-".join(sorted({self.name, self.replica_node}))
 
 
-# queue suffixes a node name must not take
-RESERVED_NODE_NAMES = frozenset({"control"})
+# queue suffixes a node name must not take: node "control" would take the site's control
+# queue, and a node "n1.api" or "n1.control" node n1's api or control queue
+RESERVED_NODE_NAMES = frozenset({"control", "api"})
 
 
 @dataclass(frozen=True)
@@ -249,9 +253,22 @@ def _peer(name: str, p: dict, where: str, rel) -> PeerConfig:
                       max_syncs=max_syncs, nodes=nodes)
 
 
+def check_node_name(name: str, where: str) -> str:
+    """A storage node's name: Kubernetes node names are often FQDNs, so dots are allowed
+    (ids read their node by the longest node name they start with); the last label must
+    not be a queue suffix (RESERVED_NODE_NAMES)."""
+    try:
+        check_id(name, "node name")
+    except DrsvcError as e:
+        raise ConfigInvalid(where=where, reason=f"node name {name!r}: {e}") from None
+    if name.endswith(".") or name.rsplit(".", 1)[-1] in RESERVED_NODE_NAMES:
+        raise ConfigInvalid(where=where, reason=f"node name {name!r} ends in a dot or in a reserved word "
+                                                f"({', '.join(sorted(RESERVED_NODE_NAMES))})")
+    return name
+
+
 def _node(name: str, n: dict, where: str, rel) -> NodeConfig:
-    if name in RESERVED_NODE_NAMES or "." in name:
-        raise ConfigInvalid(where=where, reason=f"node name {name!r} is reserved or has a '.'")
+    check_node_name(name, where)
     labels = n.get("labels") or {}
     if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
         raise ConfigInvalid(where=where, reason="labels must be a table of strings")
@@ -275,7 +292,6 @@ def parse(doc: dict, path: Path | None = None, node: str = "") -> SiteConfig:
         peers[name] = _peer(name, p, f"{where} [peers.{name}]", rel)
     nodes = {}
     for name, n in (doc.get("nodes") or {}).items():
-        check_id(name, "node name")
         nodes[name] = _node(name, n, f"{where} [nodes.{name}]", rel)
     site = check_id(_req(doc, "site", where), "site")
     # a multi-node site's controller has no pool of its own; its nodes each have one

@@ -465,7 +465,7 @@ class NodesLab:
         tables = []
         for n in self.nodes:
             labels = ", ".join(f'"{k}" = "{v}"' for k, v in self.labels.get(n, {}).items())
-            tables.append(f'[nodes.{n}]\npool = "{self.pool(n, site)}"\nlabels = {{ {labels} }}\n')
+            tables.append(f'[nodes."{n}"]\npool = "{self.pool(n, site)}"\nlabels = {{ {labels} }}\n')
         for peer in (p for p in self.sites if p != site):
             kh = self._ssh(site) / f"{peer}.known_hosts"
             lines = []
@@ -479,7 +479,7 @@ class NodesLab:
                           f'known_hosts = "{kh}"\nkey = "{self._ssh(site) / f"to-{peer}"}"\n')
             for n in self.nodes:
                 addr, port = self.sshd[(peer, n)]
-                tables.append(f'[peers.{peer}.nodes.{n}]\nhost = "{addr}"\nport = {port}\n')
+                tables.append(f'[peers.{peer}.nodes."{n}"]\nhost = "{addr}"\nport = {port}\n')
         path = self.config_of(site)
         path.write_text(
             f'site = "{site}"\nendpoint = "{self.endpoint_of(site)}"\n'

@@ -297,3 +297,32 @@ def test_a_retried_delete_whose_first_answer_was_lost_frees_the_name(nodes):
     nodes.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=v.volume_id), timeout=60)
     again = create(nodes, "lost-answer", requisite=[{NODE: "n2"}])
     assert node_of(again) == "n2"
+
+
+def test_fqdn_node_names_route_to_their_own_node(tmp_path):
+    """Kubernetes node names are often FQDNs (a kubelet registers the host's name). Nodes
+    "w1.dc1.example.com" and "w1" in one site: each id goes to the node that made it, the
+    longer name never loses its ids to the shorter one."""
+    fq = "w1.dc1.example.com"
+    lab = NodesLab(tmp_path / "fqdn", nodes=(fq, "w1"), pool_size="512M")
+    try:
+        lab.build()
+        lab.up()
+        ch = grpc.insecure_channel(lab.endpoint)
+        grpc.channel_ready_future(ch).result(timeout=30)
+        lab.controller = csi_pb2_grpc.ControllerStub(ch)
+        for node in (fq, "w1"):
+            v = create(lab, f"on-{node}", preferred=[{NODE: node}])
+            assert node_of(v) == node and v.volume_id.startswith(f"{node}.vol-")
+            assert v.volume_id in images(lab, node)
+            snap = lab.controller.CreateSnapshot(csi_pb2.CreateSnapshotRequest(
+                name=f"snap-{node}", source_volume_id=v.volume_id), timeout=60).snapshot
+            assert snap.snapshot_id.startswith(f"{node}.snap-") and snap.ready_to_use
+            got = lab.controller.ControllerGetVolume(csi_pb2.ControllerGetVolumeRequest(volume_id=v.volume_id))
+            assert node_of(got.volume) == node
+            lab.controller.DeleteSnapshot(csi_pb2.DeleteSnapshotRequest(snapshot_id=snap.snapshot_id), timeout=60)
+            lab.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=v.volume_id), timeout=60)
+            assert v.volume_id not in images(lab, node)
+        ch.close()
+    finally:
+        lab.teardown()

@@ -66,3 +66,27 @@ def test_page_tokens_and_numbers_are_ascii_digits_only():
         with pytest.raises(BadPageToken):
             paginate([1, 2, 3], 0, token)
     assert paginate([1, 2, 3], 1, "1").items == [2]
+
+
+def test_fqdn_node_names_are_allowed_and_ids_name_the_longest_node_that_fits():
+    """Kubernetes node names are often FQDNs; a node "w1" beside "w1.dc1.example.com" must
+    not take the other's ids."""
+    from drsvc.cluster import ClusterController
+    doc = {"site": "a", "redis_url": "redis://x",
+           "nodes": {"w1.dc1.example.com": {"pool": "/p1"}, "w1": {"pool": "/p2"}}}
+    site = config.parse(doc)
+    fq = config.parse(doc, node="w1.dc1.example.com")
+    assert (fq.queue, fq.control_queue, fq.scope) == (
+        "drsvc.a.w1.dc1.example.com", "drsvc.a.w1.dc1.example.com.control", "a.w1.dc1.example.com")
+    ctl = ClusterController(site, calls=None)
+    assert ctl.node_of("w1.dc1.example.com.vol-0123") == "w1.dc1.example.com"
+    assert ctl.node_of("w1.vol-0123") == "w1"
+    assert ctl.node_of("w1.dc1.vol-0123") == "w1"          # only a listed node: w1's local id "dc1.vol-0123"
+    assert ctl.node_of("w2.vol-0123") is None
+    assert ctl.node_of("w1") is None
+
+
+@pytest.mark.parametrize("name", ["n1.api", "n1.control", "api", "n1.", "n1..x", ".n1", "n 1", "n1/x"])
+def test_node_names_that_would_take_a_queue_or_a_path_are_refused(name):
+    with pytest.raises(ConfigInvalid, match="node name"):
+        config.parse({"site": "a", "nodes": {name: {"pool": "/p"}}})
