@@ -7,6 +7,7 @@ import uuid
 import redis
 from celery import Celery
 from celery.exceptions import TimeoutError as CeleryTimeout
+from kombu.exceptions import OperationalError as KombuOperationalError
 
 from drsvc.dispatch import raise_from_dict
 from drsvc.errors import (BrokerUnreachable, DrsvcError, NodeUnreachable, NotGroupConsistent, OperationInProgress,
@@ -55,7 +56,18 @@ class CeleryDispatcher:
         if isinstance(value, dict):
             return raise_from_dict(value)
         if result.state == "FAILURE":
-            # tasks report errors as dicts; an exception here is a worker-side bug: say so
+            # Tasks report their errors as dicts, so a FAILURE is either a task whose answer
+            # could not be stored (Redis went away as it finished: Celery then records the
+            # connection error) or a worker-side bug. Either way the claim may have outlived
+            # the task (its release needed Redis too): drop it, so a retry runs anew (every
+            # operation is repeat-safe) instead of following this answer for hours.
+            try:
+                inflight.release(self.redis, self.cfg.scope, unit_id, held["task_id"])
+            except redis.RedisError as e:
+                raise BrokerUnreachable(reason=type(e).__name__) from None
+            if isinstance(value, (redis.RedisError, ConnectionError, KombuOperationalError)):
+                raise BrokerUnreachable(reason=f"the answer of {op} of {unit_id} was lost with the "
+                                               f"connection ({type(value).__name__}); retry")
             raise WorkerFailed(op=op, unit_id=unit_id, reason=repr(value))
         raise OperationInProgress(f"{op} of {unit_id} is {result.state}; retry to follow it")
 

@@ -368,6 +368,9 @@ def stream(session: ApplySession, prepared: Prepared, report: SyncReport, *, uni
     if reply.get("txid") != meta["txid"] or reply.get("target" if two_phase else "generation") != meta["generation"]:
         raise ReplicationConflict(unit_id=unit_id, reason=f"peer committed {reply}, expected {meta['txid']}")
     report.phases["stream_s"] = round(time.monotonic() - t0, 4)
+    for k in ("sync_s", "apply_s"):          # the peer's commit, inside stream_s
+        if isinstance(reply.get(k), (int, float)):
+            report.phases[f"peer_{k}"] = reply[k]
     report.txid = meta["txid"]
     report.base_generation = meta["base_generation"]
     report.target_generation = meta["generation"]

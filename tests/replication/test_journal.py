@@ -1,8 +1,10 @@
-"""The receiver's journal writes each payload once: into data.bin, from where apply
-reflinks the ranges into the image (FICLONERANGE). On a pool without reflink (ext4)
+"""The receiver's journal writes each large payload once: into data.bin, from where apply
+reflinks the ranges into the image (FICLONERANGE); a range under 64 KiB is copied. On a pool without reflink (ext4)
 it copies them instead. Either way the image ends up exactly the target, and a replay
 of the same committed journal is harmless."""
 import os
+
+import pytest
 
 from drsvc.replication import protocol
 from drsvc.replication.journal import Journal
@@ -31,6 +33,7 @@ def _journal_and_apply(root, size):
     j = Journal(lay, "v")
     j.create(_tx(size))
     edits = [(3 * BS, os.urandom(BS)), (9 * BS, os.urandom(4 * BS)), (20 * BS, None),
+             (30 * BS, os.urandom(4096)),                # under 64 KiB: copied, no extent made
              (size - 1000, os.urandom(1000))]            # an unaligned tail: copied
     for off, data in edits:
         length = len(data) if data is not None else BS
@@ -39,7 +42,7 @@ def _journal_and_apply(root, size):
         j.append(protocol.RecordHeader(0, codec, off, length, ck), data)
         want[off:off + length] = data if data is not None else bytes(length)
     j.mark_committed(j.chain.count, j.chain.hexdigest())
-    assert os.path.getsize(j.records_path) == 4 * protocol.RECORD.size, "no payload in records.bin"
+    assert os.path.getsize(j.records_path) == 5 * protocol.RECORD.size, "no payload in records.bin"
     first = j.apply()
     assert img.read_bytes() == want
     again = Journal(lay, "v")
@@ -52,14 +55,14 @@ def _journal_and_apply(root, size):
 def test_apply_reflinks_each_payload_written_once(xfs_mod):
     root = xfs_mod / "journal-xfs"
     got = _journal_and_apply(root, 2 * MiB + 1000)
-    assert got.cloned == 5 * BS and got.copied == 1000
+    assert got.cloned == 5 * BS and got.copied == 4096 + 1000
 
 
 def test_apply_copies_where_the_pool_has_no_reflink(tmp_path):
     need("mkfs.ext4")
     with loop_mounted_fs("256M", fstype="ext4") as mnt:
         got = _journal_and_apply(mnt / "pool", 2 * MiB + 1000)
-    assert got.cloned == 0 and got.copied == 5 * BS + 1000
+    assert got.cloned == 0 and got.copied == 5 * BS + 4096 + 1000
 
 
 def test_resume_scan_cuts_a_torn_data_tail(xfs_mod):
@@ -95,6 +98,31 @@ def test_killed_receiver_keeps_an_index_to_resume_from(xfs_mod):
     for i in range(64):                        # 4 MiB of payload in 64 KiB records
         d = os.urandom(BS)
         j.append(protocol.RecordHeader(0, protocol.CODEC_RAW, i * BS, BS, protocol.payload_checksum(d)), d)
+    # payloads are written by the journal's writer thread, at most _Writer.LIMIT behind:
+    # what it has written by the kill is what the kernel has
+    j._writer.drain()
     k = Journal(lay, "v")                      # another process's view: only what reached the kernel
     assert k.load()
     assert k.scan() >= 48
+
+
+def test_a_failed_payload_write_fails_the_journal_at_its_next_write_or_sync(xfs_mod):
+    """The writer thread's error (here EBADF: the staging fd closed under it, as a disk
+    error would surface) reaches the receiving thread; nothing after it is written."""
+    lay = PoolLayout(xfs_mod / "journal-err")
+    (lay.root / "images").mkdir(parents=True)
+    make_image(lay.image("v"), 2 * MiB)
+    lay.ensure_unit_dir("v")
+    j = Journal(lay, "v")
+    j.create(_tx(2 * MiB))
+    d = os.urandom(BS)
+    j.append(protocol.RecordHeader(0, protocol.CODEC_RAW, 0, BS, protocol.payload_checksum(d)), d)
+    j.sync()
+    os.close(j._data())                         # the next payload write fails
+    j.append(protocol.RecordHeader(0, protocol.CODEC_RAW, BS, BS, protocol.payload_checksum(d)), d)
+    with pytest.raises(OSError):
+        j.sync()
+    j._data_fd = None                           # already closed above
+    j.close()
+    k = Journal(lay, "v")
+    assert k.load() and k.scan() == 1           # the failed record is not in the journal
