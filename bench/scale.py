@@ -68,6 +68,11 @@ def summary(xs) -> dict:
     return {"n": len(xs), "p50": pct(xs, 50), "p99": pct(xs, 99), "max": round(max(xs), 4) if xs else None}
 
 
+def summary_ms(xs) -> dict:
+    """summary() of seconds, in milliseconds."""
+    return {k: (round(v * 1000, 1) if isinstance(v, float) else v) for k, v in summary(xs).items()}
+
+
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -216,7 +221,7 @@ class Scale:
         site a's controller (its final sync included), then PromoteVolume at site b's, each
         timed through gRPC. The units then belong to site b and leave the measured set."""
         from csi_plugin.gen import replication_pb2
-        demote, promote, moved = [], [], []
+        demote, promote = [], []
         load0 = os.getloadavg()
         for vid in self.rnd.sample(sorted(self.vols), min(count, len(self.vols))):
             self.moved[vid] = self.vols.pop(vid)     # the writer leaves it alone from now on
@@ -227,11 +232,9 @@ class Scale:
             p = replication_pb2.PromoteVolumeRequest()
             p.replication_source.volume.volume_id = vid
             promote.append(self.retried(self.repl_b.PromoteVolume, p))
-            moved.append(vid)
-        out = {"failovers": len(moved), "units_syncing": len(self.vols),
+        out = {"failovers": len(promote), "units_syncing": len(self.vols),
                "load_avg_before": [round(x, 2) for x in load0],
-               "demote_ms": {k: (round(v * 1000, 1) if isinstance(v, float) else v) for k, v in summary(demote).items()},
-               "promote_ms": {k: (round(v * 1000, 1) if isinstance(v, float) else v) for k, v in summary(promote).items()}}
+               "demote_ms": summary_ms(demote), "promote_ms": summary_ms(promote)}
         log(f"failovers: {json.dumps(out)}")
         return out
 
@@ -528,12 +531,9 @@ class Scale:
                 duration = a.duration if n == stages[-1] else a.growth_duration
                 log(f"{len(self.vols)} volumes: measuring {duration}s")
                 st = self.measure(duration)
-                st["create_ms"] = {k: (round(v * 1000, 1) if isinstance(v, float) else v)
-                                   for k, v in summary(self.create_s).items()}
-                st["create_ms_after_first_10"] = {k: (round(v * 1000, 1) if isinstance(v, float) else v)
-                                                  for k, v in summary(self.create_s[10:]).items()}
-                st["enable_ms"] = {k: (round(v * 1000, 1) if isinstance(v, float) else v)
-                                   for k, v in summary(self.enable_s).items()}
+                st["create_ms"] = summary_ms(self.create_s)
+                st["create_ms_after_first_10"] = summary_ms(self.create_s[10:])
+                st["enable_ms"] = summary_ms(self.enable_s)
                 st["placement"] = {nd: sum(1 for x in self.vols.values() if x == nd) for nd in self.lab.nodes}
                 self.out["stages"].append(st)
                 log(f"stage: {json.dumps(st)}")

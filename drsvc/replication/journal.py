@@ -127,19 +127,22 @@ class _Writer:
     def punch(self, fd: int, offset: int, length: int) -> None:
         self._submit((fd, None, offset, length), 0)
 
+    def _wait_idle(self) -> None:
+        """(holding the lock) Until every queued write is done, or one failed."""
+        while self._ops and self._error is None:
+            self._cv.wait()
+
     def drain(self) -> None:
         """Wait for every queued write; raise the first that failed."""
         with self._cv:
-            while self._ops and self._error is None:
-                self._cv.wait()
+            self._wait_idle()
             if self._error is not None:
                 raise self._error
 
     def stop(self) -> None:
         """Drain (errors are kept for the next drain) and end the thread."""
         with self._cv:
-            while self._ops and self._error is None:
-                self._cv.wait()
+            self._wait_idle()
             th, self._thread = self._thread, None
             if th is not None:
                 self._q.append((None, 0))

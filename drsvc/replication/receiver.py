@@ -498,15 +498,12 @@ def parse_command(words) -> tuple[str, list[str]]:
     return verb, args
 
 
-F_SETPIPE_SZ = 1031
-
-
 def _widen_pipe(fd: int) -> None:
     """sshd hands the stream over a pipe of 64 KiB: a wider one lets it decrypt ahead while
     this process writes to disk, with fewer wake-ups on both sides. Not a pipe, or a
     limit below 1 MiB (fs.pipe-max-size): left as it is."""
     try:
-        fcntl.fcntl(fd, F_SETPIPE_SZ, _IO_BUF)
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _IO_BUF)
     except OSError:
         pass
 

@@ -4,6 +4,7 @@ loop-mounted XFS per node, one redis-server, a Celery worker per node, the contr
 plugin over its unix socket (drsvc.lab.NodesLab)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -22,9 +23,9 @@ NODE = "topology.drsvc.io/node"
 LABELS = {"n1": {"rack": "r1"}, "n2": {"rack": "r2"}, "n3": {"rack": "r2"}}
 
 
-@pytest.fixture(scope="module")
-def nodes(tmp_path_factory):
-    lab = NodesLab(tmp_path_factory.mktemp("nodes"), nodes=("n1", "n2", "n3"), pool_size="1G", labels=LABELS)
+@contextlib.contextmanager
+def running(lab: NodesLab):
+    """The lab up, with .controller and .identity stubs on its controller; torn down after."""
     try:
         lab.build()
         lab.up()
@@ -36,6 +37,13 @@ def nodes(tmp_path_factory):
         ch.close()
     finally:
         lab.teardown()
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory):
+    with running(NodesLab(tmp_path_factory.mktemp("nodes"), nodes=("n1", "n2", "n3"), pool_size="1G",
+                          labels=LABELS)) as lab:
+        yield lab
 
 
 def create(lab, name, size=64 * MiB, requisite=(), preferred=(), **kw):
@@ -304,13 +312,7 @@ def test_fqdn_node_names_route_to_their_own_node(tmp_path):
     "w1.dc1.example.com" and "w1" in one site: each id goes to the node that made it, the
     longer name never loses its ids to the shorter one."""
     fq = "w1.dc1.example.com"
-    lab = NodesLab(tmp_path / "fqdn", nodes=(fq, "w1"), pool_size="512M")
-    try:
-        lab.build()
-        lab.up()
-        ch = grpc.insecure_channel(lab.endpoint)
-        grpc.channel_ready_future(ch).result(timeout=30)
-        lab.controller = csi_pb2_grpc.ControllerStub(ch)
+    with running(NodesLab(tmp_path / "fqdn", nodes=(fq, "w1"), pool_size="512M")) as lab:
         for node in (fq, "w1"):
             v = create(lab, f"on-{node}", preferred=[{NODE: node}])
             assert node_of(v) == node and v.volume_id.startswith(f"{node}.vol-")
@@ -323,6 +325,3 @@ def test_fqdn_node_names_route_to_their_own_node(tmp_path):
             lab.controller.DeleteSnapshot(csi_pb2.DeleteSnapshotRequest(snapshot_id=snap.snapshot_id), timeout=60)
             lab.controller.DeleteVolume(csi_pb2.DeleteVolumeRequest(volume_id=v.volume_id), timeout=60)
             assert v.volume_id not in images(lab, node)
-        ch.close()
-    finally:
-        lab.teardown()

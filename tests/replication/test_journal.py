@@ -1,6 +1,6 @@
 """The receiver's journal writes each large payload once: into data.bin, from where apply
-reflinks the ranges into the image (FICLONERANGE); a range under 64 KiB is copied. On a pool without reflink (ext4)
-it copies them instead. Either way the image ends up exactly the target, and a replay
+reflinks the ranges into the image (FICLONERANGE); a range under 64 KiB is copied. On a
+pool without reflink (ext4) it copies them all. Either way the image ends up exactly the target, and a replay
 of the same committed journal is harmless."""
 import os
 
@@ -21,6 +21,17 @@ def _tx(size):
     return {"txid": "t1", "unit": "v", "kind": "volume", "base": 1, "target": 2, "epoch": 0,
             "block_size": BS, "mode": "delta", "force": False, "demote": False, "peer": None,
             "origin": None, "members": [{"volume_id": "v", "size": size, "base_size": size, "fresh": False}]}
+
+
+def _fresh_journal(root, size):
+    """A pool with image "v" of *size* and a new journal of one transaction on it."""
+    lay = PoolLayout(root)
+    (lay.root / "images").mkdir(parents=True)
+    make_image(lay.image("v"), size)
+    lay.ensure_unit_dir("v")
+    j = Journal(lay, "v")
+    j.create(_tx(size))
+    return lay, j
 
 
 def _journal_and_apply(root, size):
@@ -66,12 +77,7 @@ def test_apply_copies_where_the_pool_has_no_reflink(tmp_path):
 
 
 def test_resume_scan_cuts_a_torn_data_tail(xfs_mod):
-    lay = PoolLayout(xfs_mod / "journal-scan")
-    (lay.root / "images").mkdir(parents=True)
-    make_image(lay.image("v"), 2 * MiB)
-    lay.ensure_unit_dir("v")
-    j = Journal(lay, "v")
-    j.create(_tx(2 * MiB))
+    lay, j = _fresh_journal(xfs_mod / "journal-scan", 2 * MiB)
     for i in range(3):
         d = os.urandom(BS)
         j.append(protocol.RecordHeader(0, protocol.CODEC_RAW, i * BS, BS, protocol.payload_checksum(d)), d)
@@ -89,12 +95,7 @@ def test_resume_scan_cuts_a_torn_data_tail(xfs_mod):
 def test_killed_receiver_keeps_an_index_to_resume_from(xfs_mod):
     """No sync, no close: what a SIGKILL leaves. The record headers must have reached the
     kernel with their payloads (about every MiB), else the next attempt resumes from zero."""
-    lay = PoolLayout(xfs_mod / "journal-kill")
-    (lay.root / "images").mkdir(parents=True)
-    make_image(lay.image("v"), 8 * MiB)
-    lay.ensure_unit_dir("v")
-    j = Journal(lay, "v")
-    j.create(_tx(8 * MiB))
+    lay, j = _fresh_journal(xfs_mod / "journal-kill", 8 * MiB)
     for i in range(64):                        # 4 MiB of payload in 64 KiB records
         d = os.urandom(BS)
         j.append(protocol.RecordHeader(0, protocol.CODEC_RAW, i * BS, BS, protocol.payload_checksum(d)), d)
@@ -109,12 +110,7 @@ def test_killed_receiver_keeps_an_index_to_resume_from(xfs_mod):
 def test_a_failed_payload_write_fails_the_journal_at_its_next_write_or_sync(xfs_mod):
     """The writer thread's error (here EBADF: the staging fd closed under it, as a disk
     error would surface) reaches the receiving thread; nothing after it is written."""
-    lay = PoolLayout(xfs_mod / "journal-err")
-    (lay.root / "images").mkdir(parents=True)
-    make_image(lay.image("v"), 2 * MiB)
-    lay.ensure_unit_dir("v")
-    j = Journal(lay, "v")
-    j.create(_tx(2 * MiB))
+    lay, j = _fresh_journal(xfs_mod / "journal-err", 2 * MiB)
     d = os.urandom(BS)
     j.append(protocol.RecordHeader(0, protocol.CODEC_RAW, 0, BS, protocol.payload_checksum(d)), d)
     j.sync()
