@@ -8,6 +8,7 @@ is timed like `1pct` (cold, floor, rsync beside).
 """
 from __future__ import annotations
 
+from . import ceilings
 from .floor import coalesce
 from .harness import GiB, RSYNC_DELTA, CaseResult, Run, extent_count, measure, rewrite_blocks, run_rsync
 from .harness import same_content, write_random
@@ -42,6 +43,7 @@ def aged_case(ctx) -> CaseResult:
         measure(res, args.repeat, make_cold=ctx.cold, change=change, drsvc=lambda i: w.sync(ctx.a, unit),
                 rsync=None if args.no_rsync else
                 lambda i: run_rsync(ctx.site, img, ctx.rsync_dest(img), RSYNC_DELTA))
+    res.extra["extent_costs"] = ceilings.extent_costs(img, res.phases, res.ranges_cloned)
     res.verified = same_content(img, ctx.replica(unit), *([] if args.no_rsync else [ctx.rsync_dest(img)]))
     res.extra["aging"] = {"rounds": len(rounds), "extents": extents,
                           "first_round": rounds[0] if rounds else None,

@@ -39,6 +39,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import ceilings
 from .harness import GiB, MiB, RSYNC_DELTA, CaseResult, Run, measure, rewrite_blocks, run_rsync, same_content
 from .harness import write_random
 
@@ -148,11 +149,15 @@ def run_cases(ctx: Context, wanted: set) -> list[dict]:
 
     if wanted & {"full", "1pct", "10pct"}:
         write_random(img, size, ctx.rnd)
-        done(copy_case(ctx, "full", img, size, [(0, size)], ["--whole-file", "--inplace"]))
-    if "1pct" in wanted:
-        done(delta_case(ctx, "1pct", "bench", 0.01))
-    if "10pct" in wanted:
-        done(delta_case(ctx, "10pct", "bench", 0.10))
+        res = copy_case(ctx, "full", img, size, [(0, size)], ["--whole-file", "--inplace"])
+        if "full" in wanted and args.channel_mib:
+            res.extra["channel"] = ceilings.channel(ctx.site, runs=args.repeat, nbytes=args.channel_mib * MiB)
+        done(res)
+    for name, fraction in (("1pct", 0.01), ("10pct", 0.10)):
+        if name in wanted:
+            res = delta_case(ctx, name, "bench", fraction)
+            res.extra["extent_costs"] = ceilings.extent_costs(img, res.phases, res.ranges_cloned)
+            done(res)
     if "thin" in wanted:
         thin, ranges = thin_image(ctx)
         done(copy_case(ctx, "thin", thin, args.thin_mib * MiB, ranges, ["--sparse", "--whole-file"]))
@@ -177,6 +182,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--idle-syncs", type=int, default=12)
     ap.add_argument("--many-count", type=int, default=50)
     ap.add_argument("--many-mib", type=int, default=256)
+    ap.add_argument("--channel-mib", type=int, default=512,
+                    help="MiB pushed per run through drsvc's and OpenSSH's channel alone (full case; 0: skip)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per case (best and median reported)")
     ap.add_argument("--warm", action="store_true",
                     help="leave page caches as they are (default: every run starts cold)")

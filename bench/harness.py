@@ -122,6 +122,7 @@ class CaseResult:
     rsync_wire: list = field(default_factory=list)
     floor: list = field(default_factory=list)
     floor_parts: list = field(default_factory=list)     # per run: exact_s (no readahead), readahead_s
+    ranges_cloned: list = field(default_factory=list)   # per run: the overlay capture's FICLONERANGE calls
     rss: dict = field(default_factory=lambda: {"sender": 0, "receiver": 0})
     verified: bool | None = None
     extra: dict = field(default_factory=dict)
@@ -159,6 +160,14 @@ class CaseResult:
         print(f"           phase medians {d['drsvc_phases_median']}; peak RSS sender "
               f"{self.rss['sender'] / MiB:.1f} MiB, receiver {self.rss['receiver'] / MiB:.1f} MiB; "
               f"replica matches source: {self.verified}", flush=True)
+        if ch := self.extra.get("channel"):
+            print(f"           ceiling: an SSH channel alone carries {ch['drsvc_mb_s']:.0f} MB/s (drsvc's), "
+                  f"{ch['openssh_mb_s']:.0f} MB/s (OpenSSH's), median of {len(ch['runs']['drsvc'])}", flush=True)
+        if ec := self.extra.get("extent_costs"):
+            per = (f"; per cloned range: capture <= {ec['precopy_us_per_range']:.0f} us, adopt "
+                   f"{ec['adopt_us_per_range']:.0f} us" if "adopt_us_per_range" in ec else "")
+            print(f"           kernel: image of {ec['extents']} extents, one FIEMAP {ec['fiemap_s']:.3f} s; "
+                  f"{ec['ranges_cloned']} ranges cloned per sync{per}", flush=True)
 
 
 def measure(res: CaseResult, repeat: int, *, change: Callable[[int], Run], drsvc: Callable[[int], dict],
@@ -179,6 +188,7 @@ def measure(res: CaseResult, repeat: int, *, change: Callable[[int], Run], drsvc
         res.drsvc.append(d["wall_s"])
         res.drsvc_wire.append(d["report"]["bytes_on_wire"])
         res.phases.append(d["report"]["phases"])
+        res.ranges_cloned.append(d["report"].get("ranges_cloned", 0))
         if rsync is not None:
             make_cold()
             t, w = rsync(i)

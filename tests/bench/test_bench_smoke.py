@@ -82,7 +82,7 @@ def test_cold_evicts_the_files_and_the_loop_backing_file():
 def test_pool_cases_cold(capsys):
     doc = run_bench(capsys, "--size-gib", "0.03125", "--thin-gib", "0.0625", "--thin-mib", "4",
                     "--aged-rounds", "3", "--idle-mib", "16", "--idle-syncs", "2", "--repeat", "1",
-                    "--cases", "full,1pct,10pct,thin,aged,idle")
+                    "--channel-mib", "8", "--cases", "full,1pct,10pct,thin,aged,idle")
     assert doc["cold"] is True and doc["repeat"] == 1
     cases = {c["name"]: c for c in doc["cases"]}
     assert list(cases) == ["full", "1pct", "10pct", "thin", "aged", "idle"]
@@ -94,6 +94,14 @@ def test_pool_cases_cold(capsys):
     assert aging["rounds"] == 3 and len(aging["capture_plus_plan_s"]) == 3
     assert aging["extents"]["aged"] > aging["extents"]["start"]      # the rewrites fragmented it
     assert aging["first_round"]["capture_s"] > 0 and aging["last_round"]["plan_s"] > 0
+    ch = cases["full"]["channel"]                 # the channels alone, measured beside the full copy
+    assert ch["bytes"] == 8 << 20 and ch["drsvc_mb_s"] > 0 and ch["openssh_mb_s"] > 0
+    assert len(ch["runs"]["drsvc"]) == len(ch["runs"]["openssh"]) == 1
+    for name in ("1pct", "10pct", "aged"):        # the kernel work of the delta cases
+        ec = cases[name]["extent_costs"]
+        assert ec["extents"] > 0 and ec["fiemap_s"] > 0 and ec["ranges_cloned"] > 0
+        assert ec["precopy_us_per_range"] > 0 and ec["adopt_us_per_range"] > 0
+    assert cases["aged"]["extent_costs"]["extents"] >= aging["extents"]["aged"]   # one more 1% round
     check_case(cases["idle"], runs=2, cold=False)                      # idle is warm by definition
     assert cases["idle"]["changed_bytes"] == 8192
 
