@@ -8,6 +8,8 @@ say where, measured beside the case they bound (never asserted on):
   code, ciphers and window a sync uses) and OpenSSH's client (the transport
   rsync uses), both to the bench's sshd. A full copy cannot stream faster than
   its channel.
+* ``disk_write``: a sequential write of the same size into the replica's pool,
+  then fsync: what any full copy must do at the peer, whatever carries it.
 * ``extent_costs``: the live image's extent count and the time of one FIEMAP of
   it (what an overlay capture must map, the aged case's bound), and the cost per
   range of the capture's and the adopt's FICLONERANGE, from the sync's phases.
@@ -75,15 +77,35 @@ def _openssh_channel(site, nbytes: int) -> float:
     return nbytes / dt / 1e6
 
 
+def _disk_write(directory: Path, nbytes: int) -> float:
+    path = directory / f".ceiling-{os.getpid()}"
+    block = os.urandom(MiB)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        t = time.monotonic()
+        for _ in range(nbytes // MiB):
+            os.write(fd, block)
+        os.fsync(fd)
+        dt = time.monotonic() - t
+    finally:
+        os.close(fd)
+        path.unlink()
+    return nbytes / dt / 1e6
+
+
 def channel(site, *, runs: int = 3, nbytes: int = CHANNEL_BYTES) -> dict:
-    """Median MB/s of drsvc's SSH channel and of OpenSSH's, to a discarding sink."""
-    ours, theirs = [], []
+    """Median MB/s of drsvc's SSH channel and of OpenSSH's, to a discarding sink, and of
+    a sequential write (and fsync) of as many bytes into the replica's pool."""
+    ours, theirs, disk = [], [], []
     for _ in range(runs):
         ours.append(_drsvc_channel(site, nbytes))
         theirs.append(_openssh_channel(site, nbytes))
+        disk.append(_disk_write(Path(site.pool), nbytes))
     return {"bytes": nbytes, "drsvc_mb_s": round(statistics.median(ours), 1),
             "openssh_mb_s": round(statistics.median(theirs), 1),
-            "runs": {"drsvc": [round(x, 1) for x in ours], "openssh": [round(x, 1) for x in theirs]}}
+            "disk_write_mb_s": round(statistics.median(disk), 1),
+            "runs": {"drsvc": [round(x, 1) for x in ours], "openssh": [round(x, 1) for x in theirs],
+                     "disk_write": [round(x, 1) for x in disk]}}
 
 
 def extent_costs(image: Path, phases: list[dict], ranges: list[int]) -> dict:

@@ -55,8 +55,9 @@ def judge(doc: dict) -> list[tuple[str, str, bool]]:
         mbs = c["changed_bytes"] / _med(c, "drsvc_s") / MB
         out.append(("full: >= 2 x rsync", f"{c['ratio']:.2f} x", c["ratio"] >= 2))
         ch = c.get("channel")
+        disk = f"; the peer's pool writes {ch['disk_write_mb_s']:.0f} MB/s" if ch and "disk_write_mb_s" in ch else ""
         alone = (f" (an SSH channel alone: {ch['drsvc_mb_s']:.0f} MB/s drsvc's, {ch['openssh_mb_s']:.0f} MB/s "
-                 f"OpenSSH's)" if ch else "")
+                 f"OpenSSH's{disk})" if ch else "")
         out.append(("full: >= 400 MB/s", f"{mbs:.0f} MB/s{alone}", mbs >= 400))
     if c := cases.get("thin"):
         out.append(("thin: <= 0.5 s", f"{_med(c, 'drsvc_s'):.3f} s", _med(c, "drsvc_s") <= 0.5))

@@ -162,7 +162,8 @@ class CaseResult:
               f"replica matches source: {self.verified}", flush=True)
         if ch := self.extra.get("channel"):
             print(f"           ceiling: an SSH channel alone carries {ch['drsvc_mb_s']:.0f} MB/s (drsvc's), "
-                  f"{ch['openssh_mb_s']:.0f} MB/s (OpenSSH's), median of {len(ch['runs']['drsvc'])}", flush=True)
+                  f"{ch['openssh_mb_s']:.0f} MB/s (OpenSSH's); the peer's pool writes and fsyncs "
+                  f"{ch['disk_write_mb_s']:.0f} MB/s; medians of {len(ch['runs']['drsvc'])}", flush=True)
         if ec := self.extra.get("extent_costs"):
             per = (f"; per cloned range: capture <= {ec['precopy_us_per_range']:.0f} us, adopt "
                    f"{ec['adopt_us_per_range']:.0f} us" if "adopt_us_per_range" in ec else "")

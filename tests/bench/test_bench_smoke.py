@@ -95,8 +95,8 @@ def test_pool_cases_cold(capsys):
     assert aging["extents"]["aged"] > aging["extents"]["start"]      # the rewrites fragmented it
     assert aging["first_round"]["capture_s"] > 0 and aging["last_round"]["plan_s"] > 0
     ch = cases["full"]["channel"]                 # the channels alone, measured beside the full copy
-    assert ch["bytes"] == 8 << 20 and ch["drsvc_mb_s"] > 0 and ch["openssh_mb_s"] > 0
-    assert len(ch["runs"]["drsvc"]) == len(ch["runs"]["openssh"]) == 1
+    assert ch["bytes"] == 8 << 20 and ch["drsvc_mb_s"] > 0 and ch["openssh_mb_s"] > 0 and ch["disk_write_mb_s"] > 0
+    assert len(ch["runs"]["drsvc"]) == len(ch["runs"]["openssh"]) == len(ch["runs"]["disk_write"]) == 1
     for name in ("1pct", "10pct", "aged"):        # the kernel work of the delta cases
         ec = cases[name]["extent_costs"]
         assert ec["extents"] > 0 and ec["fiemap_s"] > 0 and ec["ranges_cloned"] > 0

@@ -57,12 +57,14 @@ def test_warm_ratio():
 
 def test_ceilings_are_shown_beside_the_goals_they_bound():
     full = case("full", 5.0, 6.0, floor=0.6, changed=1 << 30)
-    full["channel"] = {"bytes": 1, "drsvc_mb_s": 250.0, "openssh_mb_s": 330.0, "runs": {}}
+    full["channel"] = {"bytes": 1, "drsvc_mb_s": 250.0, "openssh_mb_s": 330.0, "disk_write_mb_s": 140.0,
+                       "runs": {}}
     aged = case("aged", 0.9, 5.0, floor=0.3)
     aged["extent_costs"] = {"extents": 108824, "fiemap_s": 0.36, "ranges_cloned": 2560,
                             "precopy_us_per_range": 160.0, "adopt_us_per_range": 80.0}
     got = {name: text for name, text, _ in judge({"cold": True, "cases": [full, aged]})}
-    assert got["full: >= 400 MB/s"] == "215 MB/s (an SSH channel alone: 250 MB/s drsvc's, 330 MB/s OpenSSH's)"
+    assert got["full: >= 400 MB/s"] == (
+        "215 MB/s (an SSH channel alone: 250 MB/s drsvc's, 330 MB/s OpenSSH's; the peer's pool writes 140 MB/s)")
     assert got["aged cold: <= 1.5 x floor_s + 50 ms"].endswith(
         "[image of 108824 extents, one FIEMAP 0.360 s, 2560 ranges cloned at <= 160 us (capture) "
         "and 80 us (adopt) each]")
