@@ -19,10 +19,11 @@ from __future__ import annotations
 import fcntl
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from drsvc import runner
 
 from .harness import MiB, rsync_ssh
 
@@ -57,7 +58,7 @@ def _drsvc_channel(site, nbytes: int) -> float:
 
 def _openssh_channel(site, nbytes: int) -> float:
     cmd = rsync_ssh(site).split() + ["root@127.0.0.1", f"{sys.executable} -c '{SINK}'"]
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    proc = runner.spawn(cmd, stdin=runner.PIPE, stdout=runner.PIPE)
     try:
         fcntl.fcntl(proc.stdin.fileno(), fcntl.F_SETPIPE_SZ, 1 << 20)
         block = os.urandom(MiB)

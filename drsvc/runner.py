@@ -14,6 +14,7 @@ from .errors import CommandFailed, CommandTimeout
 log = logging.getLogger(__name__)
 STDERR_TAIL = 2000
 DEFAULT_TIMEOUT = 120.0
+PIPE = subprocess.PIPE
 
 
 @dataclass(frozen=True)
@@ -41,9 +42,10 @@ def run(argv, *, timeout: float = DEFAULT_TIMEOUT, check: bool = True,
     return Result(tuple(argv), p.returncode, p.stdout, p.stderr)
 
 
-def spawn(argv, *, env=None, stdout=None, stderr=None, cwd=None) -> subprocess.Popen:
-    """Start a long-running service process (sshd, redis, workers); the caller owns it."""
+def spawn(argv, *, env=None, stdin=None, stdout=None, stderr=None, cwd=None) -> subprocess.Popen:
+    """Start a long-running process (sshd, redis, workers, a stream fed through stdin=PIPE);
+    the caller owns it."""
     argv = [str(a) for a in argv]
     log.debug("spawn %s", argv)
-    return subprocess.Popen(argv, env=env, stdout=stdout, stderr=stderr, cwd=cwd,
+    return subprocess.Popen(argv, env=env, stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd,
                             close_fds=True, start_new_session=True)
