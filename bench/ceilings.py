@@ -127,3 +127,16 @@ def extent_costs(image: Path, phases: list[dict], ranges: list[int]) -> dict:
         out["precopy_us_per_range"] = round(statistics.median(p / r for p, _, r in per) * 1e6, 1)
         out["adopt_us_per_range"] = round(statistics.median(a / r for _, a, r in per) * 1e6, 1)
     return out
+
+
+def channel_text(ch: dict) -> str:
+    """One line of a ``channel`` result (JSON lines written before disk_write lack it)."""
+    disk = f"; the peer's pool writes {ch['disk_write_mb_s']:.0f} MB/s" if "disk_write_mb_s" in ch else ""
+    return f"an SSH channel alone: {ch['drsvc_mb_s']:.0f} MB/s drsvc's, {ch['openssh_mb_s']:.0f} MB/s OpenSSH's{disk}"
+
+
+def extents_text(ec: dict) -> str:
+    """One line of an ``extent_costs`` result."""
+    per = (f", {ec['ranges_cloned']} ranges cloned at <= {ec['precopy_us_per_range']:.0f} us (capture) and "
+           f"{ec['adopt_us_per_range']:.0f} us (adopt) each" if "adopt_us_per_range" in ec else "")
+    return f"image of {ec['extents']} extents, one FIEMAP {ec['fiemap_s']:.3f} s{per}"

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import sys
 
+from .ceilings import channel_text, extents_text
+
 MB = 1e6
 RSS_LIMIT = 150 * MB
 
@@ -22,11 +24,7 @@ def _med(c, key):
 def _kernel(c) -> str:
     """What the kernel work of a delta case costs on this machine (bench/ceilings.py)."""
     ec = c.get("extent_costs")
-    if not ec:
-        return ""
-    per = (f", {ec['ranges_cloned']} ranges cloned at <= {ec['precopy_us_per_range']:.0f} us (capture) and "
-           f"{ec['adopt_us_per_range']:.0f} us (adopt) each" if "adopt_us_per_range" in ec else "")
-    return f" [image of {ec['extents']} extents, one FIEMAP {ec['fiemap_s']:.3f} s{per}]"
+    return f" [{extents_text(ec)}]" if ec else ""
 
 
 def judge(doc: dict) -> list[tuple[str, str, bool]]:
@@ -55,9 +53,7 @@ def judge(doc: dict) -> list[tuple[str, str, bool]]:
         mbs = c["changed_bytes"] / _med(c, "drsvc_s") / MB
         out.append(("full: >= 2 x rsync", f"{c['ratio']:.2f} x", c["ratio"] >= 2))
         ch = c.get("channel")
-        disk = f"; the peer's pool writes {ch['disk_write_mb_s']:.0f} MB/s" if ch and "disk_write_mb_s" in ch else ""
-        alone = (f" (an SSH channel alone: {ch['drsvc_mb_s']:.0f} MB/s drsvc's, {ch['openssh_mb_s']:.0f} MB/s "
-                 f"OpenSSH's{disk})" if ch else "")
+        alone = f" ({channel_text(ch)})" if ch else ""
         out.append(("full: >= 400 MB/s", f"{mbs:.0f} MB/s{alone}", mbs >= 400))
     if c := cases.get("thin"):
         out.append(("thin: <= 0.5 s", f"{_med(c, 'drsvc_s'):.3f} s", _med(c, "drsvc_s") <= 0.5))

@@ -160,15 +160,11 @@ class CaseResult:
         print(f"           phase medians {d['drsvc_phases_median']}; peak RSS sender "
               f"{self.rss['sender'] / MiB:.1f} MiB, receiver {self.rss['receiver'] / MiB:.1f} MiB; "
               f"replica matches source: {self.verified}", flush=True)
+        from .ceilings import channel_text, extents_text   # ceilings imports this module
         if ch := self.extra.get("channel"):
-            print(f"           ceiling: an SSH channel alone carries {ch['drsvc_mb_s']:.0f} MB/s (drsvc's), "
-                  f"{ch['openssh_mb_s']:.0f} MB/s (OpenSSH's); the peer's pool writes and fsyncs "
-                  f"{ch['disk_write_mb_s']:.0f} MB/s; medians of {len(ch['runs']['drsvc'])}", flush=True)
+            print(f"           ceiling: {channel_text(ch)} (medians of {len(ch['runs']['drsvc'])})", flush=True)
         if ec := self.extra.get("extent_costs"):
-            per = (f"; per cloned range: capture <= {ec['precopy_us_per_range']:.0f} us, adopt "
-                   f"{ec['adopt_us_per_range']:.0f} us" if "adopt_us_per_range" in ec else "")
-            print(f"           kernel: image of {ec['extents']} extents, one FIEMAP {ec['fiemap_s']:.3f} s; "
-                  f"{ec['ranges_cloned']} ranges cloned per sync{per}", flush=True)
+            print(f"           kernel: {extents_text(ec)}", flush=True)
 
 
 def measure(res: CaseResult, repeat: int, *, change: Callable[[int], Run], drsvc: Callable[[int], dict],
