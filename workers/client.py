@@ -43,6 +43,7 @@ class CeleryDispatcher:
             if held["task_id"] == task_id:
                 self.app.send_task(f"drsvc.{op}", args=[unit_id], kwargs=kwargs, task_id=task_id,
                                    queue=self.queue(op), kwargsrepr=None)
+                inflight.confirm(self.redis, self.cfg.scope, unit_id, task_id)
             elif held["digest"] != inflight.digest(op, kwargs):
                 raise OperationInProgress(f"{held['op']} is in progress for {unit_id}; retry later")
             result = self.app.AsyncResult(held["task_id"])

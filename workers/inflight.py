@@ -2,6 +2,12 @@
 
 One operation per unit at a time: an identical request joins the task in
 flight; a different one is refused (ABORTED at the gRPC edge).
+
+A claim is a lease. It is taken for PENDING seconds only, and held for TTL once its task
+is on the queue (``confirm``: by the caller that sent it, and again by the worker that
+starts it). A caller that dies between its claim and its send (a plugin killed mid-RPC)
+leaves no task behind; its claim then lapses within PENDING and the CO's retry runs the
+operation anew, instead of following a task that will never run for TTL.
 """
 from __future__ import annotations
 
@@ -11,9 +17,14 @@ import json
 import redis
 
 TTL = 6 * 3600
+PENDING = 15          # seconds a claim lives before its task is known to be queued
+
+_CONFIRM = ("local v = redis.call('get', KEYS[1]) "
+            "if v and cjson.decode(v)['task_id'] == ARGV[1] then return redis.call('expire', KEYS[1], ARGV[2]) end "
+            "return 0")
 
 
-def _key(site: str, unit_id: str) -> str:
+def key(site: str, unit_id: str) -> str:
     return f"drsvc:{site}:inflight:{unit_id}"
 
 
@@ -21,15 +32,23 @@ def digest(op: str, kwargs: dict) -> str:
     return hashlib.sha256(json.dumps([op, kwargs], sort_keys=True).encode()).hexdigest()[:16]
 
 
-def claim(r: redis.Redis, site: str, unit_id: str, op: str, kwargs: dict, task_id: str) -> dict:
-    """Claim the unit for *task_id*, or return the claim already held."""
+def claim(r: redis.Redis, site: str, unit_id: str, op: str, kwargs: dict, task_id: str, *,
+          pending: float = PENDING) -> dict:
+    """Claim the unit for *task_id* (for *pending* seconds, until ``confirm``), or return
+    the claim already held."""
     mine = {"op": op, "digest": digest(op, kwargs), "task_id": task_id}
-    if r.set(_key(site, unit_id), json.dumps(mine), nx=True, ex=TTL):
+    if r.set(key(site, unit_id), json.dumps(mine), nx=True, px=max(1, int(pending * 1000))):
         return mine
-    raw = r.get(_key(site, unit_id))
-    if raw is None:                       # released between our two calls
-        return claim(r, site, unit_id, op, kwargs, task_id)
+    raw = r.get(key(site, unit_id))
+    if raw is None:                       # released (or lapsed) between our two calls
+        return claim(r, site, unit_id, op, kwargs, task_id, pending=pending)
     return json.loads(raw)
+
+
+def confirm(r: redis.Redis, site: str, unit_id: str, task_id: str) -> bool:
+    """*task_id* is queued (or running): hold its claim for TTL. False if the claim is not
+    its own any more (it lapsed, or a retry took the unit meanwhile)."""
+    return bool(r.eval(_CONFIRM, 1, key(site, unit_id), task_id, TTL))
 
 
 def release(r: redis.Redis, site: str, unit_id: str, task_id: str) -> None:
@@ -37,9 +56,9 @@ def release(r: redis.Redis, site: str, unit_id: str, task_id: str) -> None:
     script = ("local v = redis.call('get', KEYS[1]) "
               "if v and cjson.decode(v)['task_id'] == ARGV[1] then return redis.call('del', KEYS[1]) end "
               "return 0")
-    r.eval(script, 1, _key(site, unit_id), task_id)
+    r.eval(script, 1, key(site, unit_id), task_id)
 
 
 def holder(r: redis.Redis, site: str, unit_id: str) -> dict | None:
-    raw = r.get(_key(site, unit_id))
+    raw = r.get(key(site, unit_id))
     return json.loads(raw) if raw else None

@@ -78,6 +78,12 @@ def register(app) -> None:
             retrying = False
             slot = None
             try:
+                try:
+                    # this task runs: its claim (if a caller took one) lives on even if
+                    # that caller died before it could confirm the send
+                    inflight.confirm(r, cfg.scope, unit_id, self.request.id)
+                except redis.RedisError as e:
+                    log.warning("could not confirm the in-flight marker of %s: %s", unit_id, e)
                 if op == "sync" and (peer := jobs.peer_of(unit_id)):
                     slot = _take_slot(r, peer, self.request.id)
                     if slot is None:
