@@ -34,6 +34,13 @@ SINK = ("import fcntl, os\n"
         "n = 0\nwhile b := os.read(0, 1 << 20):\n    n += len(b)\nprint(n)\n")
 
 
+def _sink_rate(out: bytes, nbytes: int, seconds: float) -> float:
+    """MB/s of a channel run, once the sink's count says every byte arrived."""
+    if int(out or b"0") != nbytes:
+        raise RuntimeError(f"the sink counted {out!r} bytes, {nbytes} were sent")
+    return nbytes / seconds / 1e6
+
+
 def _drsvc_channel(site, nbytes: int) -> float:
     from drsvc.transport.ssh import SshPeer
     peer = SshPeer("127.0.0.1", port=site.port, key_file=site.plain_key, known_hosts=site.known_hosts)
@@ -51,9 +58,7 @@ def _drsvc_channel(site, nbytes: int) -> float:
     finally:
         chan.close()
         peer.drop()
-    if int(out or b"0") != nbytes:
-        raise RuntimeError(f"the sink counted {out!r} bytes, {nbytes} were sent")
-    return nbytes / dt / 1e6
+    return _sink_rate(out, nbytes, dt)
 
 
 def _openssh_channel(site, nbytes: int) -> float:
@@ -73,9 +78,7 @@ def _openssh_channel(site, nbytes: int) -> float:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    if int(out or b"0") != nbytes:
-        raise RuntimeError(f"the sink counted {out!r} bytes, {nbytes} were sent")
-    return nbytes / dt / 1e6
+    return _sink_rate(out, nbytes, dt)
 
 
 def _disk_write(directory: Path, nbytes: int) -> float:

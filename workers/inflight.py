@@ -19,9 +19,12 @@ import redis
 TTL = 6 * 3600
 PENDING = 15          # seconds a claim lives before its task is known to be queued
 
-_CONFIRM = ("local v = redis.call('get', KEYS[1]) "
-            "if v and cjson.decode(v)['task_id'] == ARGV[1] then return redis.call('expire', KEYS[1], ARGV[2]) end "
+# act on the claim only while ARGV[1] holds it
+_IF_HELD = ("local v = redis.call('get', KEYS[1]) "
+            "if v and cjson.decode(v)['task_id'] == ARGV[1] then return redis.call({}) end "
             "return 0")
+_CONFIRM = _IF_HELD.format("'expire', KEYS[1], ARGV[2]")
+_RELEASE = _IF_HELD.format("'del', KEYS[1]")
 
 
 def key(site: str, unit_id: str) -> str:
@@ -53,10 +56,7 @@ def confirm(r: redis.Redis, site: str, unit_id: str, task_id: str) -> bool:
 
 def release(r: redis.Redis, site: str, unit_id: str, task_id: str) -> None:
     """Drop the claim if *task_id* still holds it (compare-and-delete)."""
-    script = ("local v = redis.call('get', KEYS[1]) "
-              "if v and cjson.decode(v)['task_id'] == ARGV[1] then return redis.call('del', KEYS[1]) end "
-              "return 0")
-    r.eval(script, 1, key(site, unit_id), task_id)
+    r.eval(_RELEASE, 1, key(site, unit_id), task_id)
 
 
 def holder(r: redis.Redis, site: str, unit_id: str) -> dict | None:

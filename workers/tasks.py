@@ -70,6 +70,14 @@ def register(app) -> None:
             log.warning("peer sync slots unavailable (%s): running uncapped", type(e).__name__)
             return slots.Slot(r, cfg.scope, peer, ttl=cfg.visibility_timeout)
 
+    def _hold_claim(r, unit_id: str, task_id: str) -> None:
+        """This task runs: its claim (if a caller took one) lives on even if that caller
+        died before it could confirm the send."""
+        try:
+            inflight.confirm(r, cfg.scope, unit_id, task_id)
+        except redis.RedisError as e:
+            log.warning("could not confirm the in-flight marker of %s: %s", unit_id, e)
+
     def make(op: str):
         @app.task(name=f"drsvc.{op}", bind=True, acks_late=True, max_retries=8)
         def task(self, unit_id: str, **kwargs):
@@ -78,12 +86,7 @@ def register(app) -> None:
             retrying = False
             slot = None
             try:
-                try:
-                    # this task runs: its claim (if a caller took one) lives on even if
-                    # that caller died before it could confirm the send
-                    inflight.confirm(r, cfg.scope, unit_id, self.request.id)
-                except redis.RedisError as e:
-                    log.warning("could not confirm the in-flight marker of %s: %s", unit_id, e)
+                _hold_claim(r, unit_id, self.request.id)
                 if op == "sync" and (peer := jobs.peer_of(unit_id)):
                     slot = _take_slot(r, peer, self.request.id)
                     if slot is None:
