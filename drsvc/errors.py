@@ -363,3 +363,16 @@ class ReplicationNotConfigured(PreconditionFailed):
 class GroupSpansNodes(InvalidInput):
     template = ("volumes of one group must sit on one storage node on a multi-node site (for now): "
                 "{reason}")
+
+
+# -- recovery points (issue 21) --------------------------------------------------
+class RetentionGridInvalid(InvalidInput):
+    template = "retention grid part {part!r} {reason}"
+
+
+class PointNotFound(NotFound):
+    template = "unit {unit_id!r} has no recovery point {point}"
+
+
+class PointNotRestorable(PreconditionFailed):
+    template = "recovery point {generation} of unit {unit_id!r} cannot be restored: {reason}"
