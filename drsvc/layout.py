@@ -18,6 +18,9 @@ name, so no path escapes the pool::
     replication/<unit_id>/control.json          this site's settings and outcomes (replication.control)
     replication/<unit_id>/snap/<gen>/           sender: reflink snapshots + block maps
     replication/<unit_id>/journal/              receiver: the open transaction
+    replication/<unit_id>/points/index.json     receiver: the unit's recovery points (one document)
+    replication/<unit_id>/points/<gen>/         a point's meta.json, per member <vol>.undo (the bytes
+                                                later generations overwrote) or <vol>.img (a whole image)
 """
 from __future__ import annotations
 
@@ -161,3 +164,26 @@ class PoolLayout:
 
     def journal_staging(self, unit_id: str, volume_id: str) -> Path:
         return self.journal_staging_dir(unit_id) / f"{check_id(volume_id, 'volume_id')}.img"
+
+    # -- recovery points (receiver: drsvc.replication.points) ---------------------------
+    def points_dir(self, unit_id: str) -> Path:
+        return self.unit_dir(unit_id) / "points"
+
+    def points_index(self, unit_id: str) -> Path:
+        return self.points_dir(unit_id) / "index.json"
+
+    def point_dir(self, unit_id: str, generation: int) -> Path:
+        return self.points_dir(unit_id) / str(int(generation))
+
+    def point_meta(self, unit_id: str, generation: int) -> Path:
+        return self.point_dir(unit_id, generation) / "meta.json"
+
+    def point_undo(self, unit_id: str, generation: int, volume_id: str) -> Path:
+        return self.point_dir(unit_id, generation) / f"{check_id(volume_id, 'volume_id')}.undo"
+
+    def point_image(self, unit_id: str, generation: int, volume_id: str) -> Path:
+        return self.point_dir(unit_id, generation) / f"{check_id(volume_id, 'volume_id')}.img"
+
+    def restore_staging(self, volume_id: str) -> Path:
+        """Where a volume's image is built from a recovery point before it replaces the image."""
+        return self.images / f".{check_id(volume_id, 'volume_id')}.img.restore"

@@ -254,6 +254,23 @@ class GroupSnapshotService:
             s.state = "ready"
             store.write_doc(self.pool.snapshot_meta(s.snapshot_id), s.to_doc())
 
+    def ensure_replica(self, group_snapshot_id: str, *, name: str, source_volume_ids: list[str],
+                       snapshot_ids: list[str], created_at: float) -> GroupSnapshot:
+        """A group snapshot taken at the replication peer, here under its ids (issue 21); its
+        members are ensured as snapshots first (VolumeService.ensure_snapshot_replica)."""
+        check_id(group_snapshot_id, "group_snapshot_id")
+        with self.pool.lock(group_snapshot_id, blocking=True):
+            gs = self.find(group_snapshot_id)
+            if gs is None or gs.state != "ready":
+                gs = GroupSnapshot(group_snapshot_id=group_snapshot_id, name=name,
+                                   source_volume_ids=list(source_volume_ids), snapshot_ids=list(snapshot_ids),
+                                   created_at=created_at, state="ready")
+                store.write_doc(self.pool.group_snapshot_meta(group_snapshot_id), gs.to_doc())
+                key = name_key("group-snapshot", name)
+                if not store.read_doc(self.pool.name_index(key)):
+                    store.write_doc(self.pool.name_index(key), {"name": name, "group_snapshot_id": group_snapshot_id})
+            return gs
+
     # -- delete ----------------------------------------------------------------
     def delete(self, group_snapshot_id: str, snapshot_ids: list[str] = ()) -> None:
         check_id(group_snapshot_id, "group_snapshot_id")

@@ -458,6 +458,24 @@ class VolumeService:
         store.write_doc(self.pool.snapshot_meta(snap.snapshot_id), snap.to_doc())
         return snap
 
+    def ensure_snapshot_replica(self, snapshot_id: str, *, name: str, source_volume_id: str, created_at: float,
+                                group_snapshot_id: str = "") -> Snapshot:
+        """A snapshot taken at the replication peer, here under its id and name (issue 21): a
+        reflink of the replica as the generation that carried it was committed. Repeat-safe."""
+        check_id(snapshot_id, "snapshot_id")
+        with self.pool.lock(snapshot_id, blocking=True):
+            snap = self.find_snapshot(snapshot_id)
+            if snap is not None and snap.state == "ready" and self.pool.snapshot_image(snapshot_id).exists():
+                return snap
+            snap = Snapshot(snapshot_id=snapshot_id, name=name, source_volume_id=source_volume_id,
+                            size_bytes=os.path.getsize(self.pool.image(source_volume_id)), created_at=created_at,
+                            state="creating", group_snapshot_id=group_snapshot_id)
+            store.write_doc(self.pool.snapshot_meta(snapshot_id), snap.to_doc())
+            key = name_key("snapshot", name)
+            if not store.read_doc(self.pool.name_index(key)):
+                store.write_doc(self.pool.name_index(key), {"name": name, "snapshot_id": snapshot_id})
+            return self._capture(snap, None)
+
     def delete_snapshot(self, snapshot_id: str) -> None:
         check_id(snapshot_id, "snapshot_id")
         with self.pool.lock(snapshot_id):

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from .. import store
 from ..errors import StreamCorrupt
-from . import protocol
+from . import pointcommit, protocol
 from .blockmap import punch_hole
 from .faults import failpoint
 from .layout import PoolLayout, check_id
@@ -407,6 +407,7 @@ class Journal:
     def apply(self) -> _Cloner:
         """Apply a committed journal to the pool's images; safe to repeat."""
         self.close()
+        pointcommit.before_apply(self.layout, self.tx, self.records_path)   # recovery points: keep what it overwrites
         members = self.tx["members"]
         fds: dict[int, int] = {}
         cloner = _Cloner()

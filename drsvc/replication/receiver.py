@@ -31,7 +31,7 @@ from ..errors import (BaseMismatch, DrsvcError, InvalidParameter, OperationInPro
                       ProtocolError, ReplicaIsPrimary, ReplicationConflict, RoundUndecided, StaleEpoch,
                       StreamCorrupt, UnitNotFound, UnknownVerb)
 from . import origin as unit_origin
-from . import protocol
+from . import pointcommit, protocol
 from .faults import failpoint
 from .guard import ensure_members_not_in_use
 from .journal import Journal
@@ -122,6 +122,7 @@ def record_generation(layout: PoolLayout, tx: dict, *, began: float | None = Non
     if tx.get("origin"):
         st.origin = tx["origin"]
         unit_origin.ensure_replicas(layout.root, tx["unit"], tx["kind"], tx["origin"])
+    pointcommit.after_commit(layout, tx)      # the new recovery point; pruning
     now = time.time()   # the receive record (the brief's contract; read by replication/health.py)
     st.add_received({"generation": tx["target"], "txid": tx["txid"], "received_at": now,
                      "duration_s": round(now - began, 4) if began else 0.0, "bytes": int(nbytes),
