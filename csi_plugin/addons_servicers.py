@@ -175,7 +175,7 @@ class ReplicationController(replication_pb2_grpc.ControllerServicer):
     @rpc
     @seed_codes
     def PromoteVolume(self, req, context):
-        self.api.promote(*self._unit(req), req.force)
+        self.api.promote(*self._unit(req), req.force, dict(req.parameters))
         return replication_pb2.PromoteVolumeResponse()
 
     @rpc

@@ -1,5 +1,7 @@
-"""drsvc.admin.v1.Admin: operator status, sync-now and drill clones."""
+"""drsvc.admin.v1.Admin: operator status, sync-now, drill clones and recovery points."""
 from __future__ import annotations
+
+import time
 
 from drsvc.errors import MissingField
 from drsvc.replication import health
@@ -71,5 +73,16 @@ class Admin(admin_pb2_grpc.AdminServicer):
 
     @rpc
     def CloneReplica(self, req, context):
-        gen, vols = self.requests.clone_replica(self._unit(req.unit), req.name_prefix)
+        gen, vols = self.requests.clone_replica(self._unit(req.unit), req.name_prefix, req.recovery_point)
         return admin_pb2.CloneReplicaResponse(generation=gen, volumes=[convert.volume(v) for v in vols])
+
+    @rpc
+    def ListRecoveryPoints(self, req, context):
+        pts, space, grid = self.status.points(self._unit(req.unit))
+        now = time.time()
+        return admin_pb2.ListRecoveryPointsResponse(
+            points=[admin_pb2.RecoveryPoint(
+                generation=p.generation, time=p.time, time_rfc3339=p.rfc3339, kind=p.kind,
+                pinned=p.is_pinned(now), pin_until=p.pin_until or 0.0, unique_bytes=p.unique_bytes,
+                total_bytes=p.total_bytes, members=list(p.members)) for p in pts],
+            replica_bytes=space.replica_bytes, points_bytes=space.points_bytes, retention=grid)

@@ -287,11 +287,11 @@ class ClusterReplication:
     def disable(self, kind: str, ident: str, params: dict) -> None:
         self._call("disable", kind, ident, params=dict(params))
 
-    def promote(self, kind: str, ident: str, force: bool) -> None:
+    def promote(self, kind: str, ident: str, force: bool, params: dict | None = None) -> None:
         nodes = self.parts(kind, ident)
         if len(nodes) > 1:
             self.settle(ident, nodes)
-        self._call("promote", kind, ident, force=force)
+        self._call("promote", kind, ident, force=force, params=dict(params or {}))
 
     def settle(self, unit_id: str, nodes: list[str]) -> int:
         """Bring every part of a spanning group to one generation before it takes over.

@@ -9,6 +9,7 @@ Example::
     redis_url = "redis://:PASSWORD@127.0.0.1:6379/0"   # requirepass works here
     metrics_port = 9101                                 # 0: no /metrics
     secrets_file = "/etc/drsvc/rpc-secret"              # optional: require secrets.token
+    retention = "1x1h(keep=all) | 24x1h | 14x1d | 8x1w"  # recovery points kept at the peer (zrepl grid)
     visibility_timeout = 300                            # redeliver a dead worker's task after this
 
     [peers.b]
@@ -52,6 +53,7 @@ from pathlib import Path
 from .errors import (ConfigInvalid, ConfigNotFound, DrsvcError, NodeNotFound, PeerNotFound, PeerRequired,
                      Unauthenticated, UnsupportedEndpoint)
 from .ids import check_id
+from .retention import check_grid
 
 
 # operations that move data (the data queue); every other operation is control
@@ -129,6 +131,7 @@ class SiteConfig:
     zone: str = ""          # topology.drsvc.io/zone, the same at both sites (default: "a-b")
     nodes: dict = field(default_factory=dict)   # name -> NodeConfig (empty: a one-node site)
     node_call_timeout: float = 30.0   # the controller's wait for one node's answer
+    retention: str = ""     # recovery points kept at the peer (a zrepl grid); "": drsvc.retention.DEFAULT_GRID
 
     @property
     def multinode(self) -> bool:
@@ -278,6 +281,16 @@ def _node(name: str, n: dict, where: str, rel) -> NodeConfig:
     return NodeConfig(name=name, pool=rel(_req(n, "pool", where)), labels=dict(labels), peer_node=peer_node)
 
 
+def _retention(doc: dict, where: str) -> str:
+    """The site's default retention grid for recovery points (``retention = "..."``)."""
+    if not doc.get("retention"):
+        return ""
+    try:
+        return check_grid(str(doc["retention"]))
+    except DrsvcError as e:
+        raise ConfigInvalid(where=where, reason=f"retention: {e.message}") from None
+
+
 def parse(doc: dict, path: Path | None = None, node: str = "") -> SiteConfig:
     where = str(path or "site config")
     base = path.parent if path else Path.cwd()
@@ -304,7 +317,8 @@ def parse(doc: dict, path: Path | None = None, node: str = "") -> SiteConfig:
                       secrets_file=rel(doc["secrets_file"]) if doc.get("secrets_file") else None, path=path,
                       visibility_timeout=int(doc.get("visibility_timeout", 300)),
                       zone=check_id(doc["zone"], "zone") if doc.get("zone") else "", nodes=nodes,
-                      node_call_timeout=float(doc.get("node_call_timeout", 30.0)))
+                      node_call_timeout=float(doc.get("node_call_timeout", 30.0)),
+                      retention=_retention(doc, where))
     return cfg.for_node(node) if node else cfg
 
 

@@ -141,7 +141,9 @@ class VolumeService:
     def create_volume(self, name: str, *, required_bytes: int = 0, limit_bytes: int = 0,
                       capabilities: list[Capability] = (), parameters: dict | None = None,
                       source: ContentSource | None = None, requisite: list[dict] = (),
-                      preferred: list[dict] = ()) -> Volume:
+                      preferred: list[dict] = (), fill=None) -> Volume:
+        """*fill* (internal: a recovery point's clone, drsvc.replication.requests) writes the
+        new image at the path it is given, in place of a reflink of *source*."""
         check_name(name)
         check_capabilities(list(capabilities))
         parameters = dict(check_map(parameters or {}, "parameters"))
@@ -175,7 +177,7 @@ class VolumeService:
                     # a record that is not ready ('creating', written by older releases before the
                     # image): finish it
                     self.pool.staging_image(self.pool.image(volume_id)).unlink(missing_ok=True)
-                    return self._materialise(vol, index)
+                    return self._materialise(vol, index, fill=fill)
                 # the name's intent is recorded but its volume never was: an attempt died before
                 # answering, so nothing was handed out under this id; start it again afresh
                 for stale in (self.pool.image(volume_id), self.pool.staging_image(self.pool.image(volume_id))):
@@ -186,7 +188,7 @@ class VolumeService:
             vol = Volume(volume_id=volume_id or new_id(f"{self.id_prefix}vol"), name=name, capacity_bytes=size, state="creating",
                          fs_type=fs_type, parameters=kept, source=src_doc, topology=self.topology,
                          created_at=time.time())
-            return self._materialise(vol, index, record_name=not volume_id)
+            return self._materialise(vol, index, record_name=not volume_id, fill=fill)
 
     def _check_compatible(self, vol: Volume, required: int, limit: int, fs_type: str,
                           params: dict, src: dict | None) -> None:
@@ -202,6 +204,8 @@ class VolumeService:
             raise VolumeExists(name=vol.name, reason="its content source differs")
 
     def _source_size(self, source: ContentSource) -> int:
+        if source.kind == "recovery-point":
+            return 0                          # sized by required_bytes (the replica's capacity)
         if source.kind == "snapshot":
             return self.get_snapshot(source.source_id).size_bytes
         if source.kind == "volume":
@@ -220,7 +224,7 @@ class VolumeService:
         volume_id = store.read_pointer(index, "volume_id")
         return check_id(volume_id) if volume_id else ""
 
-    def _materialise(self, vol: Volume, index, *, record_name: bool = False) -> Volume:
+    def _materialise(self, vol: Volume, index, *, record_name: bool = False, fill=None) -> Volume:
         """Record the name (the intent), make the image (act), record the volume ready.
 
         Ordered so that few journal commits make it all durable. The volume record is
@@ -243,7 +247,7 @@ class VolumeService:
                 store.write_pointer(index, vol.volume_id, sync_dir=False)
                 failpoint("volume.after_name")
             if vol.source:
-                self._clone_image(vol, final)
+                self._clone_image(vol, final, fill)
                 fd = -1
             else:
                 fd = self._empty_image(final, vol.capacity_bytes, vol.parameters.get("preallocate") == "true")
@@ -259,12 +263,15 @@ class VolumeService:
         log.info("volume %s (%s) ready: %d bytes", vol.volume_id, vol.name, vol.capacity_bytes)
         return vol
 
-    def _clone_image(self, vol: Volume, final) -> None:
+    def _clone_image(self, vol: Volume, final, fill=None) -> None:
         if final.exists():
             return
         part = self.pool.staging_image(final)
         part.unlink(missing_ok=True)
-        reflink.clone_file(self._source_image(vol.source), part)
+        if fill is not None:
+            fill(part)
+        else:
+            reflink.clone_file(self._source_image(vol.source), part)
         with open(part, "r+b") as f:
             if os.fstat(f.fileno()).st_size < vol.capacity_bytes:
                 f.truncate(vol.capacity_bytes)

@@ -156,10 +156,18 @@ class DrClient:
                 "bytes_on_wire": r.bytes_on_wire, "bytes_changed": r.bytes_changed,
                 "duration_seconds": r.duration_seconds, "skipped": r.skipped}
 
-    def clone_replica(self, prefix: str, *, volume_id: str = "", group_id: str = "") -> dict:
+    def clone_replica(self, prefix: str, *, volume_id: str = "", group_id: str = "", point: str = "") -> dict:
         r = self._call(self.admin.CloneReplica, admin_pb2.CloneReplicaRequest(
-            unit=self.unit(volume_id, group_id), name_prefix=prefix))
+            unit=self.unit(volume_id, group_id), name_prefix=prefix, recovery_point=point))
         return {"generation": r.generation, "volumes": [_volume(v) for v in r.volumes]}
+
+    def recovery_points(self, *, volume_id: str = "", group_id: str = "") -> dict:
+        """The unit's recovery points at this site (oldest first) and the space they take."""
+        r = self._call(self.admin.ListRecoveryPoints, admin_pb2.ListRecoveryPointsRequest(
+            unit=self.unit(volume_id, group_id)))
+        return {"points": [{"generation": p.generation, "time": p.time_rfc3339, "kind": p.kind, "pinned": p.pinned,
+                            "unique_bytes": p.unique_bytes, "total_bytes": p.total_bytes} for p in r.points],
+                "replica_bytes": r.replica_bytes, "points_bytes": r.points_bytes, "retention": r.retention}
 
     # -- node: stage and publish a volume on this host (drills, demos) -------------------
     def _mount_cap(self, fs_type: str, readonly: bool):

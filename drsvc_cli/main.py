@@ -266,6 +266,8 @@ def cmd_replication(args, out: Output):
             fields["parameters"] = params
         if args.command == "promote":
             fields["force"] = args.force
+            if args.point:
+                fields["parameters"] = {"drsvc.io/recoveryPoint": args.point}
         with out.progress(f"{args.command} {next(iter(unit.values()))}") as tick:
             c.until_done(lambda: c.replication(_RPC[args.command], **unit, **fields), wait=args.wait,
                          progress=tick)
@@ -343,7 +345,27 @@ def cmd_status(args, out: Output):
 def cmd_clone(args, out: Output):
     _unit(args)
     with _client(args) as c:
-        return out.result("clone", c.clone_replica(args.prefix, **_unit(args, c)))
+        return out.result("clone", c.clone_replica(args.prefix, point=args.point or "", **_unit(args, c)))
+
+
+# -- recovery points (issue 21) -----------------------------------------------------------
+def cmd_points(args, out: Output):
+    """The unit's recovery points at this site; --json: the list, each with exactly
+    generation, time, kind, pinned, unique_bytes and total_bytes."""
+    from . import humanize as H
+    _unit(args)
+    with _client(args) as c:
+        r = c.recovery_points(**_unit(args, c))
+    if out.json:
+        return out.result("points", r["points"])
+    if r["points"]:
+        out.table(r["points"], title="recovery points (oldest first; times are the origin's capture instants, UTC)")
+    else:
+        out.console.print("no recovery points at this site")
+    out.console.print(f"replica {H.size(r['replica_bytes'])} + points {H.size(r['points_bytes'])} = "
+                      f"{H.size(r['replica_bytes'] + r['points_bytes'])} at this site; "
+                      f"retention {r['retention'] or '-'}")
+    return EXIT_OK
 
 
 TASK_COLUMNS = "name,args,kwargs,state,result,received,started,runtime,worker,uuid"
@@ -428,6 +450,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--start-time")
         if name == "promote":
             p.add_argument("--force", action="store_true", help="promote with the peer unreachable (fences it)")
+            p.add_argument("--point", help="take over at this recovery point: a generation, or an RFC 3339 time "
+                                           "(the newest point at or before it); see `drsvc points`")
         p.set_defaults(fn=cmd_replication)
     p = sub.add_parser("resync", parents=[common, unit],
                        help="check this copy against the primary; with --force discard divergence and follow it")
@@ -446,7 +470,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_status)
     p = sub.add_parser("clone", parents=[common, unit], help="clone the latest replicated generation (drills)")
     p.add_argument("--prefix", default="drill")
+    p.add_argument("--point", help="clone this recovery point instead: a generation or an RFC 3339 time")
     p.set_defaults(fn=cmd_clone)
+    p = sub.add_parser("points", parents=[common, unit], help="the recovery points kept at this site")
+    p.set_defaults(fn=cmd_points)
     p = sub.add_parser("flower", parents=[common], help="Celery Flower for this site's workers")
     p.add_argument("--port", type=int, default=5555)
     p.add_argument("--address", default="127.0.0.1")

@@ -44,6 +44,7 @@ class ReplicationCollector:
         health = GaugeMetricFamily(f"{PREFIX}_health", "1 for the current health status",
                                    labels=labels + ["status"])
         failures = CounterMetricFamily(f"{PREFIX}_sync_failures", "Failed syncs", labels=labels)
+        points = _points_families(labels)
         for unit_id in self.service.units():
             try:
                 info = self.service.describe(unit_id)
@@ -67,10 +68,33 @@ class ReplicationCollector:
             for s in ("HEALTHY", "DEGRADED", "ERROR", "UNKNOWN"):
                 health.add_metric(lv + [s], 1.0 if info.status == s else 0.0)
             failures.add_metric(lv, info.failures_total)
+            _add_points(points, self.service, kind, unit_id, lv)
         yield from g.values()
+        yield from points.values()
         yield role
         yield health
         yield failures
+
+
+# -- recovery points (issue 21) -------------------------------------------------------------
+def _points_families(labels) -> dict:
+    return {name: GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=labels) for name, doc in (
+        ("points", "Recovery points kept at this site"),
+        ("points_bytes", "Bytes kept for the recovery points alone (the sum of their unique bytes)"),
+        ("dr_bytes", "Bytes the unit takes at this site: the replica plus its recovery points"),
+    )}
+
+
+def _add_points(fam: dict, status, kind: str, unit_id: str, lv: list) -> None:
+    from drsvc.replication.status import Unit
+    try:
+        pts, space, _ = status.points(Unit(kind, unit_id, tuple(status.kind_of(unit_id)[1])))
+    except Exception as e:  # noqa: BLE001 - one bad unit must not blank the page
+        log.warning("unit %s points: %s", unit_id, e)
+        return
+    fam["points"].add_metric(lv, len(pts))
+    fam["points_bytes"].add_metric(lv, space.points_bytes)
+    fam["dr_bytes"].add_metric(lv, space.total)
 
 
 def serve(cfg: SiteConfig, port: int | None = None, address: str = "127.0.0.1"):

@@ -54,6 +54,11 @@ class AdminStub:
                 request_serializer=admin__pb2.CloneReplicaRequest.SerializeToString,
                 response_deserializer=admin__pb2.CloneReplicaResponse.FromString,
                 _registered_method=True)
+        self.ListRecoveryPoints = channel.unary_unary(
+                '/drsvc.admin.v1.Admin/ListRecoveryPoints',
+                request_serializer=admin__pb2.ListRecoveryPointsRequest.SerializeToString,
+                response_deserializer=admin__pb2.ListRecoveryPointsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -83,6 +88,12 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListRecoveryPoints(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -105,6 +116,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.CloneReplica,
                     request_deserializer=admin__pb2.CloneReplicaRequest.FromString,
                     response_serializer=admin__pb2.CloneReplicaResponse.SerializeToString,
+            ),
+            'ListRecoveryPoints': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRecoveryPoints,
+                    request_deserializer=admin__pb2.ListRecoveryPointsRequest.FromString,
+                    response_serializer=admin__pb2.ListRecoveryPointsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -215,6 +231,33 @@ class Admin:
             '/drsvc.admin.v1.Admin/CloneReplica',
             admin__pb2.CloneReplicaRequest.SerializeToString,
             admin__pb2.CloneReplicaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRecoveryPoints(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drsvc.admin.v1.Admin/ListRecoveryPoints',
+            admin__pb2.ListRecoveryPointsRequest.SerializeToString,
+            admin__pb2.ListRecoveryPointsResponse.FromString,
             options,
             channel_credentials,
             insecure,

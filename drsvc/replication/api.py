@@ -21,8 +21,8 @@ class ReplicationAPI:
     def disable(self, kind: str, ident: str, params: dict) -> None:
         self.requests.disable(self.status.resolve(kind, ident), dict(params))
 
-    def promote(self, kind: str, ident: str, force: bool) -> None:
-        self.requests.promote(self.status.resolve(kind, ident), force=force)
+    def promote(self, kind: str, ident: str, force: bool, params: dict | None = None) -> None:
+        self.requests.promote(self.status.resolve(kind, ident), force=force, params=dict(params or {}))
 
     def demote(self, kind: str, ident: str, force: bool) -> None:
         self.requests.demote(self.status.resolve(kind, ident), force=force)

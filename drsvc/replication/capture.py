@@ -142,12 +142,16 @@ def _coarse_now_ns() -> int:
 
 
 def capture(layout, members, dest: Path, mountpoints=(), bases: dict | None = None, *,
-            block_size: int = 4096, timings: dict | None = None, meet=None) -> dict[str, Captured]:
+            block_size: int = 4096, timings: dict | None = None, meet=None,
+            images: dict | None = None) -> dict[str, Captured]:
     """Capture *members* into *dest*. bases: volume id -> acked base image (overlay
     eligible) or None (full). timings gets freeze_s (the frozen window). meet: called
     frozen, before any clone; returns once the other nodes of a spanning group are
-    frozen too (timings gets its return value as ``round`` and its wait as ``cut_wait_s``)."""
+    frozen too (timings gets its return value as ``round`` and its wait as ``cut_wait_s``).
+    images: volume id -> the file to capture instead of the live image (a CSI snapshot
+    shipped as a recovery point: drsvc.replication.shipsnap)."""
     bases = bases or {}
+    image = (lambda vol: images[vol]) if images else layout.image
     dest.mkdir(parents=True)
     base_ext = {}
     for vol in members:              # the base snapshots do not change: map them before the freeze
@@ -169,7 +173,7 @@ def capture(layout, members, dest: Path, mountpoints=(), bases: dict | None = No
         write_back(mountpoints)      # what the filesystems hold dirty reaches the images unfrozen
     for vol in base_ext:             # pre-copy: the bulk of the clones, before the freeze
         try:
-            pre[vol] = _precopy(layout.image(vol), dest, vol, base_ext[vol], block_size)
+            pre[vol] = _precopy(image(vol), dest, vol, base_ext[vol], block_size)
         except FileNotFoundError:
             raise VolumeNotFound(volume_id=vol) from None
         except OSError as e:
@@ -182,7 +186,7 @@ def capture(layout, members, dest: Path, mountpoints=(), bases: dict | None = No
             timings["round"] = meet()
             timings["cut_wait_s"] = round(time.monotonic() - t_frozen, 4)
         for vol in members:
-            src = layout.image(vol)
+            src = image(vol)
             if vol in base_ext:
                 try:
                     out[vol], checks[vol] = _overlay(src, dest, vol, base_ext[vol], block_size,
@@ -205,12 +209,12 @@ def capture(layout, members, dest: Path, mountpoints=(), bases: dict | None = No
         timings["capture_s"] = round(time.monotonic() - t0, 4)
     if not mountpoints:
         for vol, (mtime_ns, size) in checks.items():
-            st = os.stat(layout.image(vol))
+            st = os.stat(image(vol))
             if st.st_mtime_ns != mtime_ns or st.st_size != size:
                 log.info("%s changed during its overlay capture: capturing it whole", vol)
                 for suffix in (".delta", ".ranges", ".clear", ".extents"):
                     (dest / f"{vol}{suffix}").unlink(missing_ok=True)
-                out[vol] = _full(layout.image(vol), dest, vol)
+                out[vol] = _full(image(vol), dest, vol)
     for c in out.values():      # durability after the thaw, so the freeze lasts only the clones
         fd = os.open(c.path, os.O_RDONLY)
         try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import store
@@ -37,6 +37,8 @@ class Control:
     failures_total: int = 0
     conflict: str = ""                   # split brain or fencing, named for the operator
     last_sync_delay: float = 0.0         # a scheduled sync: its start minus the slot it was due at
+    retention: str = ""                  # the unit's recovery point grid (drsvc.io/retention; "": the site's)
+    snapshots_shipped: list = field(default_factory=list)   # CSI snapshots the peer holds as points
 
     def to_doc(self) -> dict:
         return asdict(self)

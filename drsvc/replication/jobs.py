@@ -16,6 +16,8 @@ from ..dispatch import Dispatcher
 from ..errors import (BrokerUnreachable, DrsvcError, NeedsResync, NotSecondary, OperationInProgress, PeerNotDemoted,
                       PeerNotRecorded, SplitBrain)
 from ..transport import Peer
+from ..retention import DEFAULT_GRID
+from . import shipsnap
 from . import state as unit_state
 from .health import final_sync
 from .control import (Control, control_from_origin, control_lock, find_control, remove_control, save_control,
@@ -45,8 +47,10 @@ class ReplicationJobs:
     def _mountpoints(self, members) -> list[str]:
         return [mp for v in members if (mp := self.node.mountpoint(v))]
 
-    def _origin(self, c: Control) -> dict:
-        """What the peer must know to take over: sent with every delta."""
+    def _origin(self, c: Control, ships=(), point: dict | None = None) -> dict:
+        """What the peer must know to take over: sent with every delta. With recovery points:
+        the grid the peer keeps them by, the unit's CSI snapshots this site still holds, and
+        for a generation that ships one of them, that snapshot."""
         members = self._members(c)
         vols = {}
         for vid in members:
@@ -59,7 +63,9 @@ class ReplicationJobs:
             group = {"name": g.name, "parameters": g.parameters, "max_volumes": g.max_volumes,
                      "nodes": [self._replica_node(n) for n in g.nodes]}
         return {"site": self.cfg.site, "interval": c.interval, "start_time": c.start_time,
-                "bandwidth_limit": c.bandwidth_limit, "kind": c.kind, "volumes": vols, "group": group}
+                "bandwidth_limit": c.bandwidth_limit, "kind": c.kind, "volumes": vols, "group": group,
+                "retention": c.retention or self.cfg.retention or DEFAULT_GRID,
+                "snapshots": [s.snapshot_id for s in ships], "point": point}
 
     def _replica_node(self, node: str) -> str:
         """The peer site's node that holds *node*'s replicas (node pairs, ``peer_node``)."""
@@ -83,7 +89,7 @@ class ReplicationJobs:
 
     # -- jobs ------------------------------------------------------------------------------
     def run_enable(self, unit_id: str, *, kind: str, members: list, peer: str, interval: int,
-                   start_time: float | None = None, bandwidth_limit: int = 0) -> dict:
+                   start_time: float | None = None, bandwidth_limit: int = 0, retention: str = "") -> dict:
         st = unit_state.find_state(self.pool, unit_id)
         if st is not None and st.role != "primary":
             return {"role": st.role}                 # replication exists here as a replica
@@ -92,7 +98,7 @@ class ReplicationJobs:
             c = find_control(self.pool, unit_id) or Control(unit_id=unit_id, kind=kind, members=members,
                                                              peer=peer, enabled_at=time.time())
             c.peer, c.interval, c.start_time, c.bandwidth_limit = peer, interval, start_time, bandwidth_limit
-            c.members = members
+            c.members, c.retention = members, retention
             save_control(self.pool, c)
         task = self.dispatcher.submit("sync", unit_id, {"trigger": "initial"})
         log.info("replication of %s %s to %s enabled every %ss; initial sync queued (%s)",
@@ -116,9 +122,16 @@ class ReplicationJobs:
         peer = None
         try:
             peer = self.peers(c.peer)
+            cut = self._cut(c)
+            ships = shipsnap.candidates(self.volumes, c.kind, members) if cut is None else []
+            for ship in shipsnap.pending(ships, c.snapshots_shipped):
+                # a CSI snapshot first, as a generation of its own: a pinned point at the peer
+                sync_unit(self.pool, c.unit_id, members, peer, kind=c.kind, bwlimit=c.bandwidth_limit or None,
+                          origin=self._origin(c, ships, ship.point), sources=ship.sources)
+                self._shipped(c, ship.snapshot_id, ships)
             report = sync_unit(self.pool, c.unit_id, members, peer, mountpoints=self._mountpoints(members),
                                demote=demote, kind=c.kind,
-                               bwlimit=c.bandwidth_limit or None, origin=self._origin(c), cut=self._cut(c))
+                               bwlimit=c.bandwidth_limit or None, origin=self._origin(c, ships), cut=cut)
         except OperationInProgress:
             raise
         except SplitBrain as e:
@@ -150,6 +163,15 @@ class ReplicationJobs:
             out["scheduling_delay_s"] = round(delay, 3)
         return out
 
+    def _shipped(self, c: Control, snapshot_id: str, ships) -> None:
+        """The peer holds *snapshot_id* as a point; forget the ones this site no longer has."""
+        have = {s.snapshot_id for s in ships}
+
+        def mark(ctl: Control):
+            ctl.snapshots_shipped = sorted((set(ctl.snapshots_shipped) & have) | {snapshot_id})
+        c.snapshots_shipped = sorted((set(c.snapshots_shipped) & have) | {snapshot_id})
+        update_control(self.pool, c.unit_id, mark)
+
     def _record_failure(self, unit_id: str, t0: float, message: str, *, conflict: str = "") -> None:
         def bad(ctl: Control):
             ctl.last_attempt, ctl.last_error = t0, message
@@ -178,7 +200,8 @@ class ReplicationJobs:
             log.warning("demoted %s without a final sync (%s); it needs a resync", unit_id, e.message)
             return {"role": "secondary", "final_sync": None, "diverged": True}
 
-    def run_promote(self, unit_id: str, *, force: bool = False) -> dict:
+    def run_promote(self, unit_id: str, *, force: bool = False, point: int | None = None) -> dict:
+        from .pointrestore import take_over
         from .takeover import seed_base
         st = unit_state.get_state(self.pool, unit_id)
         if st.role == "primary":
@@ -197,6 +220,8 @@ class ReplicationJobs:
         self._drop_unsettled(unit_id)
         # the received images become the acked base, so the next sync ships only changes
         seed_base(self.pool, unit_id)
+        # recovery points: the newest gets an image of its own; with a point, its data becomes the volumes'
+        restored = take_over(self.pool, unit_id, point)
         final = None if force else final_sync(st)     # planned: the demote's final sync is our last sync
         st = unit_state.promote(self.pool, unit_id)
         with control_lock(self.pool, unit_id):
@@ -207,7 +232,7 @@ class ReplicationJobs:
             c.conflict, c.consecutive_failures = "", 0
             save_control(self.pool, c)
         log.info("promoted %s to primary at epoch %d (%s)", unit_id, st.epoch, "forced" if force else "planned")
-        return {"role": "primary", "epoch": st.epoch}
+        return {"role": "primary", "epoch": st.epoch, **({"recovery_point": restored} if restored else {})}
 
     def _drop_unsettled(self, unit_id: str) -> None:
         """A round of a spanning group still prepared here (the site controller settles

@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from .. import store
-from ..errors import CorruptMetadata, PointNotFound, PointNotRestorable
+from ..errors import CorruptMetadata, InvalidParameter, PointNotFound, PointNotRestorable
 from ..host.fiemap import FIEMAP_EXTENT_SHARED, fiemap_array
 from ..host.reflink import clone_file
 from . import pointdata
@@ -151,6 +151,34 @@ def covered(meta: dict, volume_id: str):
 
 
 # -- reading a point --------------------------------------------------------------------
+RECOVERY_POINT = "drsvc.io/recoveryPoint"
+
+
+def parse_spec(text: str, key: str = RECOVERY_POINT) -> tuple[float, bool]:
+    """A point named by its generation ("42") or by a time, RFC 3339 ("2026-11-22T23:17:56Z":
+    the newest point at or before it). Returns (value, by_time)."""
+    text = (text or "").strip()
+    if text.isascii() and text.isdigit():
+        return int(text), False
+    try:
+        dt = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidParameter(key=key, reason=f"{text[:64]!r} is neither a generation number nor an "
+                                               "RFC 3339 time") from None
+    if dt.tzinfo is None:
+        raise InvalidParameter(key=key, reason=f"{text[:64]!r} has no time zone (RFC 3339: add Z or +hh:mm)")
+    return dt.timestamp(), True
+
+
+def find_point(layout: PoolLayout, unit_id: str, text: str, key: str = RECOVERY_POINT) -> Point:
+    """The unit's point *text* names, or PointNotFound / InvalidParameter."""
+    value, by_time = parse_spec(text, key)
+    idx = Index.find(layout, unit_id)
+    if idx is None:
+        raise PointNotFound(unit_id=unit_id, point=text[:64])
+    return select(idx, value, by_time=by_time)
+
+
 def select(idx: Index, spec: int | float, *, by_time: bool) -> Point:
     """The point of a generation, or the newest point at or before a time."""
     if by_time:

@@ -10,17 +10,22 @@ from __future__ import annotations
 from .. import store
 from ..config import SiteConfig
 from ..dispatch import Dispatcher
-from ..errors import InvalidParameter, NotPrimary, NotSecondary, VolumeInGroup
+from ..errors import (InvalidParameter, NotPrimary, NotSecondary, PointNotRestorable, RetentionGridInvalid,
+                      VolumeInGroup, VolumeInUse)
 from ..ids import check_name
 from ..model import MOUNT, Capability, ContentSource
+from ..retention import check_grid
 from ..schedule import parse_interval, parse_start_time
+from . import points
 from . import state as unit_state
 from .control import DEFAULT_INTERVAL, find_control
 from .enablement import check_group_has_members, replicated_as_secondary, resolve_peer
 from .layout import PoolLayout
 from .status import ReplicationStatus, Unit
 
-KNOWN_PARAMETERS = {"peer", "schedulingInterval", "schedulingStartTime", "bandwidthLimit"}
+RETENTION = "drsvc.io/retention"
+KNOWN_PARAMETERS = {"peer", "schedulingInterval", "schedulingStartTime", "bandwidthLimit", RETENTION,
+                    points.RECOVERY_POINT}    # Promote's, passed to Enable too by the VolumeReplication controller
 CO_PREFIXES = ("replication.storage.openshift.io/", "csi.storage.k8s.io/", "csiaddons.openshift.io/")
 
 
@@ -48,6 +53,7 @@ class ReplicationRequests:
         bw = params.get("bandwidthLimit", "0")
         if not (bw.isascii() and bw.isdigit()):
             raise InvalidParameter(key="bandwidthLimit", reason="bytes per second, a whole number")
+        grid = self._retention(params)
         if unit.kind == "volume":
             vol = self.volumes.get_volume(unit.unit_id)
             if vol.group_id:
@@ -56,10 +62,20 @@ class ReplicationRequests:
         if replicated_as_secondary(self.pool, unit.unit_id):
             return                                   # the replica's site: enabled already
         c = find_control(self.pool, unit.unit_id)
-        if c is not None and (c.peer, c.interval) == (peer, interval):
+        if c is not None and (c.peer, c.interval, c.retention) == (peer, interval, grid):
             return                                   # idempotent: already enabled alike
         self._run("enable", unit, kind=unit.kind, members=list(unit.members), peer=peer,
-                  interval=interval, start_time=start, bandwidth_limit=int(bw))
+                  interval=interval, start_time=start, bandwidth_limit=int(bw), retention=grid)
+
+    @staticmethod
+    def _retention(params: dict) -> str:
+        """The class's recovery point grid, checked ("": the site's default)."""
+        if not params.get(RETENTION):
+            return ""
+        try:
+            return check_grid(params[RETENTION])
+        except RetentionGridInvalid as e:
+            raise InvalidParameter(key=RETENTION, reason=e.message) from None
 
     def disable(self, unit: Unit, params: dict) -> None:
         if not self.status.is_enabled(unit.unit_id):
@@ -69,9 +85,24 @@ class ReplicationRequests:
     # Promote and demote always go through the dispatcher, even when they would be
     # no-ops: the in-flight claim is what turns a concurrent, different operation
     # on the unit into ABORTED. The worker side returns at once when nothing is to do.
-    def promote(self, unit: Unit, *, force: bool) -> None:
+    def promote(self, unit: Unit, *, force: bool, params: dict | None = None) -> None:
+        """With ``drsvc.io/recoveryPoint`` a secondary takes over at that point: its data
+        becomes the volumes' (issue 21). At a primary the parameter changes nothing, as the
+        controllers send the class's parameters with every Promote."""
         self.status.require_enabled(unit)
-        self._run("promote", unit, force=force)
+        point = self._restore_point(unit, (params or {}).get(points.RECOVERY_POINT, ""))
+        self._run("promote", unit, force=force, **({"point": point} if point is not None else {}))
+
+    def _restore_point(self, unit: Unit, text: str) -> int | None:
+        st = unit_state.find_state(self.pool, unit.unit_id)
+        if not text or st is None or st.role == "primary":
+            return None
+        point = points.find_point(PoolLayout(self.pool), unit.unit_id, text)
+        for vid in unit.members:
+            if reason := self.node.in_use(vid):
+                raise VolumeInUse(volume_id=vid, reason=f"{reason}: a recovery point replaces its data; "
+                                                        "unpublish and unstage it first")
+        return point.generation
 
     def demote(self, unit: Unit, *, force: bool) -> None:
         self.status.require_enabled(unit)
@@ -95,8 +126,9 @@ class ReplicationRequests:
         return self.dispatcher.run("sync", unit.unit_id, {"trigger": "manual"},
                                    wait=self.rpc_wait if wait is None else wait)
 
-    def clone_replica(self, unit: Unit, prefix: str) -> tuple[int, list]:
-        """Consistent read-write clones of the latest replicated generation (for drills).
+    def clone_replica(self, unit: Unit, prefix: str, point: str = "") -> tuple[int, list]:
+        """Consistent read-write clones of the latest replicated generation, or of a recovery
+        point (for drills).
 
         The receiver's unit lock keeps deltas out while the reflinks are taken,
         so every member is cloned at the same generation; replication goes on
@@ -108,11 +140,19 @@ class ReplicationRequests:
         with store.file_lock(layout.lock_path(unit.unit_id), blocking=True, key=unit.unit_id):
             recover(layout, unit.unit_id)          # finish a committed delta first
             st = unit_state.get_state(self.pool, unit.unit_id)
+            at = points.find_point(layout, unit.unit_id, point, "recovery_point") if point else None
+            idx = points.Index.find(layout, unit.unit_id) if at else None
             clones = []
             for vid in unit.members:
                 src = self.volumes.get_volume(vid)
+                kw = {"source": ContentSource("volume", vid)}
+                if at is not None:
+                    if vid not in at.members:
+                        raise PointNotRestorable(unit_id=unit.unit_id, generation=at.generation,
+                                                 reason=f"volume {vid} joined the unit after it")
+                    kw = {"source": ContentSource("recovery-point", f"{unit.unit_id}@{at.generation}"),
+                          "fill": lambda path, vid=vid: points.build_image(layout, idx, at, vid, path)}
                 clones.append(self.volumes.create_volume(
                     f"{prefix}-{src.name}"[:128], required_bytes=src.capacity_bytes,
-                    capabilities=[Capability(MOUNT, "SINGLE_NODE_WRITER")],
-                    source=ContentSource("volume", vid)))
-            return st.generation, clones
+                    capabilities=[Capability(MOUNT, "SINGLE_NODE_WRITER")], **kw))
+            return (at.generation if at else st.generation), clones

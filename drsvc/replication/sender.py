@@ -165,9 +165,10 @@ def _overlay_bases(layout, st: UnitState, members, mode: str, base_meta: dict) -
 
 def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int, txid: str,
             target: int, base_generation: int, mode: str, peer_maps: dict | None = None,
-            cut=None) -> Prepared:
+            cut=None, sources: dict | None = None) -> Prepared:
     """Capture and plan one generation into a private directory. cut: the group spans
-    storage nodes (``replication.cut``): the capture meets the other nodes frozen."""
+    storage nodes (``replication.cut``): the capture meets the other nodes frozen.
+    sources: capture these files instead of the live images (a CSI snapshot's)."""
     unit_id = st.unit_id
     tmp = layout.snap_root(unit_id) / f"tmp-{txid}"
     t0 = time.monotonic()
@@ -179,7 +180,7 @@ def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int,
     try:
         captured = capture(layout, members, tmp, mountpoints,
                            _overlay_bases(layout, st, members, mode, base_meta), block_size=bs, timings=timings,
-                           meet=meet)
+                           meet=meet, images=sources)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)      # nothing half-captured stays (a cut not met, a lost image)
         raise
@@ -275,7 +276,7 @@ def sync_unit(pool, unit_id: str, members, peer, *, mountpoints=(), epoch: int |
               demote: bool = False, mode: str = "delta", kind: str | None = None,
               block_size: int | None = None, bwlimit: float | None = None,
               compress: str = "auto", origin: dict | None = None, attempts: int = 1,
-              cut=None) -> SyncReport:
+              cut=None, sources: dict | None = None) -> SyncReport:
     """Replicate one volume or group to *peer* and return the report (also kept in state.json).
 
     members: the volume ids of the unit (one for a volume unit). mountpoints:
@@ -286,6 +287,8 @@ def sync_unit(pool, unit_id: str, members, peer, *, mountpoints=(), epoch: int |
     attempts: how many times to plan and run again after a lost connection.
     cut: this unit is one node's part of a group spanning storage nodes
     (``replication.cut``): captures meet the other parts, commits are two-phase.
+    sources: volume id -> a file to capture instead of the live image (a CSI snapshot
+    shipped as a recovery point, named in ``origin["point"]``).
     """
     if mode not in MODES:
         raise InvalidParameter(key="mode", reason=f"must be one of {MODES}")
@@ -304,7 +307,8 @@ def sync_unit(pool, unit_id: str, members, peer, *, mountpoints=(), epoch: int |
         st = _primary_state(pool, unit_id, members, kind=kind, epoch=epoch, block_size=block_size)
         report.epoch = epoch = st.epoch if epoch is None else epoch
         job = Job(layout, unit_id, members, peer, mountpoints=tuple(mountpoints), epoch=epoch,
-                  demote=demote, mode=mode, compress=compress, bwlimit=bwlimit, origin=origin, cut=cut)
+                  demote=demote, mode=mode, compress=compress, bwlimit=bwlimit, origin=origin, cut=cut,
+                  sources=sources)
         drive(job, lambda: _primary_state(pool, unit_id, members, kind=kind, epoch=epoch,
                                           block_size=block_size), report, attempts=attempts)
     report.duration_s = time.monotonic() - t0

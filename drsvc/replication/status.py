@@ -13,6 +13,7 @@ from pathlib import Path
 from ..errors import NoSyncYet, NotEnabled, NotPrimary, UnitNotFound
 from ..ids import check_id
 from ..schedule import assess
+from . import points
 from . import state as unit_state
 from .health import secondary_health
 from .control import Control, control_from_origin, find_control
@@ -135,6 +136,15 @@ class ReplicationStatus:
         if not root.exists():
             return []
         return sorted({p.parent.name for pat in ("*/control.json", "*/state.json") for p in root.glob(pat)})
+
+    def points(self, unit: Unit):
+        """The unit's recovery points at this site, oldest first, and the space they take
+        (drsvc.replication.points.listing): one read of the unit's index."""
+        self.require_enabled(unit)
+        layout = PoolLayout(self.pool)
+        pts, space = points.listing(layout, unit.unit_id, unit.members)
+        idx = points.Index.find(layout, unit.unit_id)
+        return pts, space, (idx.grid if idx else "")
 
     def kind_of(self, unit_id: str) -> tuple[str, list]:
         st = unit_state.find_state(self.pool, unit_id)

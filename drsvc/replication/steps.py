@@ -38,6 +38,7 @@ class Job:
     bwlimit: float | None = None
     origin: dict | None = None
     cut: object = None            # replication.cut.Cut: one node's part of a group spanning nodes
+    sources: dict | None = None   # volume id -> file captured instead of the live image (a CSI snapshot)
 
 
 @dataclass
@@ -62,7 +63,7 @@ class Attempt:
         from .sender import prepare
         j = self.job
         return prepare(j.layout, self.st, j.members, mountpoints=j.mountpoints,
-                       bs=self.st.block_size, cut=j.cut, **kw)
+                       bs=self.st.block_size, cut=j.cut, sources=j.sources, **kw)
 
     def prepare_delta(self):
         return self.prepare(txid=uuid.uuid4().hex, target=self.st.generation + 1,

@@ -32,6 +32,11 @@ options:
   group_id:
     description: The replicated volume group. Mutually exclusive with I(volume_id).
     type: str
+  recovery_point:
+    description:
+      - Drill this recovery point instead of the latest replicated generation - a generation, or
+        an RFC 3339 time meaning the newest point at or before it (C(drsvc points) lists them).
+    type: str
   verify_command:
     description:
       - A probe as an argv list (never a shell string). The clones' mount paths are appended as
@@ -94,7 +99,7 @@ unit_id:
   returned: always
   type: str
 generation:
-  description: The replicated generation the clones were taken at.
+  description: The replicated generation the clones were taken at (the recovery point's, with I(recovery_point)).
   returned: always
   type: int
 passed:
@@ -262,7 +267,8 @@ class Drill:
         prefix = self.p["prefix"] or f"drill-{int(time.time())}-{_random.token_hex(3)}"
         scratch = tempfile.mkdtemp(prefix="drsvc-drill-", dir=self.p["scratch_dir"])
         cloned = self.retry(f"CloneReplica of {self.kind} {self.name}",
-                            lambda: self.client.clone_replica(prefix, **self.sel))
+                            lambda: self.client.clone_replica(prefix, point=self.p["recovery_point"] or "",
+                                                              **self.sel))
         # CloneReplica answers in member order, as status lists the members
         sources = before["members"] or [self.name]
         clones = [{"source": src, "clone": v["volume_id"],
@@ -322,6 +328,7 @@ def main():
             endpoint=dict(type="str", required=True),
             volume_id=dict(type="str"),
             group_id=dict(type="str"),
+            recovery_point=dict(type="str"),
             verify_command=dict(type="list", elements="str"),
             expected_sha256=dict(type="dict"),
             require_pass=dict(type="bool", default=True),

@@ -50,6 +50,13 @@ options:
         (ResyncVolume force). Without it such a copy stays C(ready=false) and keeps its data.
     type: bool
     default: false
+  recovery_point:
+    description:
+      - With C(state=primary) at a secondary, take over at this recovery point (PromoteVolume's
+        C(drsvc.io/recoveryPoint)) - a generation, or an RFC 3339 time meaning the newest point
+        at or before it (C(drsvc points) lists them). Its data becomes the volumes'; the newer
+        points stay, pinned for a day. Ignored where the unit is primary already.
+    type: str
   interval:
     description: With C(state=enabled), the scheduling interval, e.g. C(10s), C(5m), C(1h).
     type: str
@@ -250,9 +257,12 @@ class Unit:
         self.need(before, "promote")
         if before["role"] == "primary":
             return False, "none", {}
+        point = self.module.params["recovery_point"]
         if not self.check:
-            self.call("PromoteVolume", force=self.module.params["force"])
-        return True, "force-promote" if self.module.params["force"] else "promote", {}
+            self.call("PromoteVolume", force=self.module.params["force"],
+                      parameters={"drsvc.io/recoveryPoint": point} if point else {})
+        return True, "force-promote" if self.module.params["force"] else "promote", \
+            ({"recovery_point": point} if point else {})
 
     def secondary(self, before):
         self.need(before, "demote")
@@ -302,6 +312,7 @@ def main():
             state=dict(type="str", default="status",
                        choices=["enabled", "disabled", "primary", "secondary", "resynced", "synced", "status"]),
             force=dict(type="bool", default=False),
+            recovery_point=dict(type="str"),
             interval=dict(type="str"),
             peer=dict(type="str"),
             wait=dict(type="float", default=120),
