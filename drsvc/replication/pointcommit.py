@@ -212,6 +212,7 @@ def after_commit(layout: PoolLayout, tx: dict) -> None:
     idx.grid = grid_of(tx).text
     failpoint("points.before_index")
     idx.save(layout)
+    failpoint("points.after_index")
     _snapshots(layout, new, plan.unpinned)
     for p in plan.pruned:
         shutil.rmtree(layout.point_dir(idx.unit_id, p.generation), ignore_errors=True)
