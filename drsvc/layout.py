@@ -172,6 +172,10 @@ class PoolLayout:
     def points_index(self, unit_id: str) -> Path:
         return self.points_dir(unit_id) / "index.json"
 
+    def points_costs(self, unit_id: str) -> Path:
+        """What the last commit spent on the unit's points (observability, not durable)."""
+        return self.points_dir(unit_id) / "costs.json"
+
     def point_dir(self, unit_id: str, generation: int) -> Path:
         return self.points_dir(unit_id) / str(int(generation))
 

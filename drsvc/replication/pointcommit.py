@@ -21,13 +21,14 @@ neighbour does not cover with bytes it holds there anyway, so it is safe at any 
 """
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import retention
+from .. import retention, store
 from ..errors import RetentionGridInvalid
 from . import pointdata
 from .faults import failpoint
@@ -101,7 +102,11 @@ def _plan(idx: Index, tx: dict) -> tuple[Plan, Point]:
 
 
 # -- before the apply -------------------------------------------------------------------
+_COSTS: dict = {}                 # txid -> seconds spent before the apply (this process)
+
+
 def before_apply(layout: PoolLayout, tx: dict, records_path: Path) -> None:
+    t0 = time.monotonic()
     idx = Index.find(layout, tx["unit"])
     if idx is None or not idx.points or idx.has_txid(tx["txid"]):
         return
@@ -112,9 +117,12 @@ def before_apply(layout: PoolLayout, tx: dict, records_path: Path) -> None:
     for p in plan.pruned:
         fold(layout, idx, p, plan.survivor(idx, p))
         failpoint("points.after_fold")
+    t1 = time.monotonic()
     target = plan.target(idx)
     if target is not None:
         keep_overwritten(layout, idx, target, tx, records_path)
+    _COSTS.clear()
+    _COSTS[tx["txid"]] = {"prune_s": t1 - t0, "undo_s": time.monotonic() - t1}
 
 
 def keep_overwritten(layout: PoolLayout, idx: Index, target: Point, tx: dict, records_path: Path) -> None:
@@ -190,6 +198,7 @@ def _make_full(layout: PoolLayout, idx: Index, q: Point, vol: str) -> None:
 
 # -- after the apply ----------------------------------------------------------------------
 def after_commit(layout: PoolLayout, tx: dict) -> None:
+    t0 = time.monotonic()
     idx = Index.load(layout, tx["unit"])
     listed = (tx.get("origin") or {}).get("snapshots")
     if idx.has_txid(tx["txid"]):         # a replay: the index is written; finish the rest
@@ -211,13 +220,28 @@ def after_commit(layout: PoolLayout, tx: dict) -> None:
             p.unique_bytes = sum(int(m.get("bytes", 0)) for m in meta["members"].values())
     idx.grid = grid_of(tx).text
     failpoint("points.before_index")
+    t1 = time.monotonic()
     idx.save(layout)
+    t2 = time.monotonic()
     failpoint("points.after_index")
     _snapshots(layout, new, plan.unpinned)
+    t3 = time.monotonic()
     for p in plan.pruned:
         shutil.rmtree(layout.point_dir(idx.unit_id, p.generation), ignore_errors=True)
     for g in touched:
         _sweep_point(layout, idx.unit_id, layout.point_dir(idx.unit_id, g))
+    _record_costs(layout, tx, idx, plan, (t1 - t0) + (time.monotonic() - t3), t2 - t1)
+
+
+def _record_costs(layout: PoolLayout, tx: dict, idx: Index, plan: Plan, prune_s: float, index_s: float) -> None:
+    """What this commit spent on points, for the bench and for operators (not made durable):
+    prune_s is the plan, the folds and the removal of the pruned points; undo_s the copy of
+    what the generation overwrites; index_s the index write."""
+    before = _COSTS.pop(tx["txid"], {})
+    doc = {"txid": tx["txid"], "generation": tx["target"], "points": len(idx.points), "pruned": len(plan.pruned),
+           "prune_s": round(prune_s + before.get("prune_s", 0.0), 6), "undo_s": round(before.get("undo_s", 0.0), 6),
+           "index_s": round(index_s, 6)}
+    store.atomic_write_bytes(layout.points_costs(idx.unit_id), json.dumps(doc).encode(), durable=False)
 
 
 def _snapshots(layout: PoolLayout, new: Point | None, gone) -> None:

@@ -1,0 +1,254 @@
+"""Recovery points under load (issue 21): `python -m bench.points [--json]`.
+
+Two volumes of --size-mib MiB on a loop XFS at site a, replicated over a loopback sshd
+(the forced receiver) into a second loop XFS: unit R keeps points by --grid, unit N by
+the grid "none" (the newest point only: nothing is copied, nothing pruned) - the peer
+figure, measured in the same run. Before each sync --change of each volume is rewritten
+(4 KiB blocks at random places); the two units are synced back to back, R then N, one
+pair every --interval seconds (or at once when a pair takes longer), for --duration s.
+It reports:
+
+* the points R keeps at the end, and the receiver's cost per commit for them (the plan,
+  the folds of pruned points and their removal: ``prune``; the copy of what a
+  generation overwrites: ``undo``; the index write), from ``points/costs.json``;
+* the DR pool's bytes (statvfs of b's filesystem, less what it held empty) against the
+  replicas plus the points' unique bytes (goal <= 1.05x);
+* sync time of R against N, medians (goal <= 1.1x), with the receiver's phases;
+* listing at --list-points points (goal < 1 s), and the pruning cost per sync at that
+  many (goal <= 20 ms): a small volume synced that many times with a keep-all grid, then
+  synced with a grid that drops one point a sync;
+* promote to a point (drsvc.replication.pointrestore.take_over: seal the newest point,
+  build the chosen one's images, rename them in) for volumes of --promote-mib MiB, the
+  point one generation back and three back, after --promote-syncs syncs of --change each
+  (goal < 1 s).
+The load average is printed beside the figures (this VM is shared)."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from drsvc.replication.layout import PoolLayout
+
+from .harness import MiB, rewrite_blocks, write_random
+from .site import loop_mounted_xfs, sshd_site
+
+GRID = "1x10s(keep=all) | 24x10s | 14x60s"
+
+
+def origin(grid: str) -> dict:
+    return {"site": "a", "interval": 1, "kind": "volume", "volumes": {}, "retention": grid}
+
+
+def fs_used(path: Path) -> int:
+    st = os.statvfs(path)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+def med(xs) -> float | None:
+    return round(statistics.median(xs), 4) if xs else None
+
+
+class Pair:
+    """Site a's pool, site b's pool behind a loopback sshd, and a warm SSH peer."""
+
+    def __init__(self, a: Path, b: Path, site):
+        from drsvc.transport.ssh import SshPeer
+        self.a, self.b, self.site = a, b, site
+        for p in (a, b):
+            (p / "images").mkdir(parents=True, exist_ok=True)
+        self.peer = SshPeer("127.0.0.1", port=site.port, key_file=site.client_key, known_hosts=site.known_hosts)
+
+    def image(self, unit: str) -> Path:
+        return self.a / "images" / f"{unit}.img"
+
+    def sync(self, unit: str, grid: str) -> dict:
+        from drsvc.replication import sync_unit
+        t = time.monotonic()
+        try:
+            rep = sync_unit(self.a, unit, [unit], self.peer, origin=origin(grid))
+        finally:
+            self.peer.close()                 # as a job does; the login stays cached
+        return {"wall_s": time.monotonic() - t, "report": rep.to_dict()}
+
+    def costs(self, unit: str) -> dict:
+        return json.loads(PoolLayout(self.b).points_costs(unit).read_text())
+
+    def listing(self, unit: str):
+        from drsvc.replication.points import listing
+        return listing(PoolLayout(self.b), unit)
+
+
+def run_load(pair: Pair, args, rnd) -> dict:
+    """The 10-minute part: R and N synced back to back, a pair every --interval s."""
+    size = args.size_mib * MiB
+    for unit in ("R", "N"):
+        write_random(pair.image(unit), size, rnd)
+    base = fs_used(pair.b)
+    pair.sync("R", args.grid)
+    pair.sync("N", "none")
+    walls = {"R": [], "N": []}
+    phases = {"R": [], "N": []}
+    costs = []
+    t_end = time.monotonic() + args.duration
+    while time.monotonic() < t_end:
+        t0 = time.monotonic()
+        for unit, grid in (("R", args.grid), ("N", "none")):
+            rewrite_blocks(pair.image(unit), args.change, rnd)
+            out = pair.sync(unit, grid)
+            walls[unit].append(out["wall_s"])
+            phases[unit].append(out["report"]["phases"])
+        costs.append(pair.costs("R"))
+        time.sleep(max(0.0, args.interval - (time.monotonic() - t0)))
+    pts, space = pair.listing("R")
+    _, space_n = pair.listing("N")
+    used = fs_used(pair.b) - base
+    expected = space.total + space_n.total
+    return {
+        "syncs": len(walls["R"]), "points_kept": len(pts),
+        "sync_s": {"with_retention": med(walls["R"]), "without_retention": med(walls["N"]),
+                   "ratio": round(med(walls["R"]) / med(walls["N"]), 3) if walls["N"] else None},
+        "peer_phases_s": {u: {k: med([p.get(k, 0.0) for p in phases[u]]) for k in ("peer_sync_s", "peer_apply_s",
+                                                                                    "stream_s", "prepare_s")}
+                          for u in phases},
+        "points_cost_s": {k: {"median": med([c[k] for c in costs]), "max": round(max(c[k] for c in costs), 4)}
+                          for k in ("prune_s", "undo_s", "index_s")} if costs else {},
+        "pruned_per_sync": round(sum(c["pruned"] for c in costs) / max(1, len(costs)), 2),
+        "space": {"dr_pool_bytes": used, "replicas_plus_unique_bytes": expected,
+                  "replica_bytes": space.replica_bytes + space_n.replica_bytes,
+                  "points_unique_bytes": space.points_bytes,
+                  "ratio": round(used / expected, 4) if expected else None},
+    }
+
+
+def run_many(pair: Pair, args, rnd) -> dict:
+    """--list-points points of a small volume; the listing, then a sync that drops one."""
+    unit = "M"
+    img = pair.image(unit)
+    write_random(img, 4 * MiB, rnd)
+    keep_all = "1x1000w(keep=all)"
+    for _ in range(args.list_points):
+        rewrite_blocks(img, 0, rnd, count=4)
+        pair.sync(unit, keep_all)
+    times = []
+    for _ in range(5):
+        t = time.monotonic()
+        pts, _ = pair.listing(unit)
+        times.append(time.monotonic() - t)
+    n = len(pts)
+    drop_one = f"1x1000w(keep={max(1, n - 1)})"     # the n-1 oldest and the newest: one goes a sync
+    prune, index = [], []
+    for _ in range(args.prune_syncs):
+        rewrite_blocks(img, 0, rnd, count=4)
+        pair.sync(unit, drop_one)
+        c = pair.costs(unit)
+        prune.append(c["prune_s"])
+        index.append(c["index_s"])
+    return {"points": n, "list_s": {"median": med(times), "max": round(max(times), 4)},
+            "prune_s_per_sync": {"median": med(prune), "max": round(max(prune), 4) if prune else None},
+            "index_write_s": med(index), "pruned_per_sync": pair.costs(unit)["pruned"]}
+
+
+def run_promote(pair: Pair, args, rnd) -> dict:
+    """Promote to a point of a volume of each --promote-mib size (the restore step alone):
+    the point one generation back, then three back (the chain then starts at the newest
+    point's image, sealed by the first)."""
+    from drsvc.host.reflink import clone_file
+    from drsvc.replication.pointrestore import take_over
+
+    from .harness import same_content
+    out = {}
+    for mib in args.promote_mib:
+        unit = f"P{mib}"
+        img = pair.image(unit)
+        write_random(img, mib * MiB, rnd)
+        pair.sync(unit, "1x1000w(keep=all)")
+        gens, expect = [], {}
+        for i in range(args.promote_syncs):
+            rewrite_blocks(img, args.change, rnd)
+            if mib <= 2048:                   # what each generation holds, to check the restores
+                expect[i] = pair.a / f"expect-{unit}-{i}.img"
+                clone_file(img, expect[i])
+            gens.append(pair.sync(unit, "1x1000w(keep=all)")["report"]["target_generation"])
+        for back in (1, 3):
+            i = len(gens) - 1 - back
+            t = time.monotonic()
+            take_over(pair.b, unit, gens[i])
+            dt = time.monotonic() - t
+            ok = same_content(expect[i], pair.b / "images" / f"{unit}.img") if i in expect else None
+            out[f"{mib}MiB_back{back}"] = {"restore_s": round(dt, 4), "generation": gens[i],
+                                          "bytes_changed_since": int(back * args.change * mib * MiB),
+                                          "verified": ok}
+        for f in expect.values():
+            f.unlink()
+        (pair.b / "images" / f"{unit}.img").unlink()           # room for the next size
+    return out
+
+
+def goals(r: dict) -> list[str]:
+    lines = []
+
+    def judge(name, value, limit, unit=""):
+        if value is None:
+            return
+        lines.append(f"{'PASS' if value <= limit else 'MISS'}  {name}: {value}{unit} (goal <= {limit}{unit})")
+    judge("sync time with / without retention", r["load"]["sync_s"]["ratio"], 1.1, "x")
+    judge("DR pool bytes / (replicas + unique bytes)", r["load"]["space"]["ratio"], 1.05, "x")
+    judge(f"listing at {r['many']['points']} points", r["many"]["list_s"]["median"], 1.0, " s")
+    judge(f"pruning per sync at {r['many']['points']} points", r["many"]["prune_s_per_sync"]["median"], 0.020, " s")
+    judge("pruning per sync under load (median)", r["load"]["points_cost_s"].get("prune_s", {}).get("median"),
+          0.020, " s")
+    for k, v in r["promote"].items():
+        judge(f"promote to a point, {k}", v["restore_s"], 1.0, " s")
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.points", description=__doc__.split("\n")[0])
+    ap.add_argument("--size-mib", type=int, default=1024)
+    ap.add_argument("--change", type=float, default=0.01, help="fraction rewritten before each sync")
+    ap.add_argument("--duration", type=float, default=600.0, help="seconds of syncs")
+    ap.add_argument("--interval", type=float, default=1.0, help="seconds between syncs of R")
+    ap.add_argument("--grid", default=GRID)
+    ap.add_argument("--list-points", type=int, default=1000)
+    ap.add_argument("--prune-syncs", type=int, default=10)
+    ap.add_argument("--promote-mib", type=lambda s: [int(x) for x in s.split(",")], default=[1024, 10240])
+    ap.add_argument("--promote-syncs", type=int, default=4)
+    ap.add_argument("--fs-size", default="60G")
+    ap.add_argument("--seed", type=int, default=21)
+    ap.add_argument("--json", action="store_true", help="print one JSON line last")
+    args = ap.parse_args(argv)
+    rnd = random.Random(args.seed)
+    load0 = os.getloadavg()
+    with contextlib.ExitStack() as stack:
+        a = stack.enter_context(loop_mounted_xfs(args.fs_size))
+        b = stack.enter_context(loop_mounted_xfs(args.fs_size))
+        site = stack.enter_context(sshd_site(b))
+        pair = Pair(a, b, site)
+        t0 = time.monotonic()
+        r = {"load": run_load(pair, args, rnd)}
+        r["many"] = run_many(pair, args, rnd)
+        r["promote"] = run_promote(pair, args, rnd)
+        r["wall_s"] = round(time.monotonic() - t0, 1)
+    r["params"] = {k: v for k, v in vars(args).items() if k != "json"}
+    r["loadavg"] = {"start": [round(x, 2) for x in load0], "end": [round(x, 2) for x in os.getloadavg()]}
+    r["goals"] = goals(r)
+    if not args.json:
+        print(json.dumps(r, indent=1))
+    for line in r["goals"]:
+        print(line, file=sys.stderr if args.json else sys.stdout)
+    if args.json:
+        print(json.dumps(r))
+    return 0
+
+
+if __name__ == "__main__":
+    with tempfile.TemporaryDirectory():
+        sys.exit(main())
