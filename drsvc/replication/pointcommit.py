@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -33,8 +34,8 @@ from ..errors import RetentionGridInvalid
 from . import pointdata
 from .faults import failpoint
 from .layout import PoolLayout
-from .points import (FULL, LIVE, SCHEDULED, UNDO, Index, Point, build_image, covered, ensure_point_dir, member_data,
-                     read_meta, seal, write_meta)
+from .points import (FULL, LIVE, SCHEDULED, UNDO, Index, Point, build_image, ensure_point_dir, member_data, read_meta,
+                     seal, undo_map, write_meta)
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ def before_apply(layout: PoolLayout, tx: dict, records_path: Path) -> None:
 
 
 def keep_overwritten(layout: PoolLayout, idx: Index, target: Point, tx: dict, records_path: Path) -> None:
-    """Copy what the transaction overwrites out of the replica into *target*'s undo files."""
+    """Copy what the transaction overwrites out of the replica into *target*'s undo logs."""
     unit, newest = idx.unit_id, idx.newest
     meta = read_meta(layout, unit, target.generation)
     if meta.get("undo_txid") == tx["txid"]:
@@ -134,26 +135,33 @@ def keep_overwritten(layout: PoolLayout, idx: Index, target: Point, tx: dict, re
     live = read_meta(layout, unit, newest.generation) if target is not newest else dict(meta, members=dict(meta["members"]))
     for vol in target.members:           # the newest point stops being the replica
         if target is newest and member_data(meta, vol) == LIVE:
-            meta["members"][vol] = {"data": UNDO, "ranges": "", "bytes": 0}
-    sizes = {m["volume_id"]: int(m["size"]) for m in tx["members"]}
+            meta["members"][vol] = {"data": UNDO, "map": "", "bytes": 0}
     for vol, changed in pointdata.changed_ranges(records_path, tx).items():
         # the replica holds the newest point's bytes of vol (live there), and target keeps an undo of vol
         if (vol not in target.members or vol not in newest.members or member_data(live, vol) != LIVE
                 or member_data(meta, vol, newest=target is newest) != UNDO):
             continue
-        have = covered(meta, vol)
-        want = pointdata.minus(changed, have)
+        have = undo_map(meta, vol)
+        want = pointdata.minus(changed, pointdata.covered(have))
         if not len(want[0]):
             continue
         ensure_point_dir(layout, unit, target.generation)
-        n = pointdata.fill(layout.image(vol), layout.point_undo(unit, target.generation, vol), want,
-                           size=sizes[vol])
+        fd = os.open(layout.image(vol), os.O_RDONLY)
+        try:
+            rows, n = pointdata.append(layout.point_undo(unit, target.generation, vol),
+                                       pointdata.image_pieces(fd, want, os.fstat(fd).st_size), after=have)
+        finally:
+            os.close(fd)
         failpoint("points.mid_undo")
-        entry = meta["members"].setdefault(vol, {"data": UNDO, "ranges": "", "bytes": 0})
-        entry["ranges"] = pointdata.encode(pointdata.union(have, want))
-        entry["bytes"] = int(entry.get("bytes", 0)) + n
+        _add(meta, vol, have, rows, n)
     meta["undo_txid"] = tx["txid"]
     write_meta(layout, unit, meta)
+
+
+def _add(meta: dict, vol: str, have, rows, n: int) -> None:
+    entry = meta["members"].setdefault(vol, {"data": UNDO, "map": "", "bytes": 0})
+    entry["map"] = pointdata.encode_map(pointdata.merge_maps(have, rows))
+    entry["bytes"] = int(entry.get("bytes", 0)) + n
 
 
 def fold(layout: PoolLayout, idx: Index, p: Point, q: Point | None) -> None:
@@ -170,18 +178,22 @@ def fold(layout: PoolLayout, idx: Index, p: Point, q: Point | None) -> None:
             continue                     # live: the undo step keeps it; q whole or without vol
         if pk == FULL:
             _make_full(layout, idx, q, vol)
-            qmeta["members"][vol] = {"data": FULL, "ranges": "", "bytes": 0}
+            qmeta["members"][vol] = {"data": FULL, "map": "", "bytes": 0}
             changed = True
             continue
-        have = covered(qmeta, vol)
-        want = pointdata.minus(covered(pmeta, vol), have)
-        if not len(want[0]):
+        have = undo_map(qmeta, vol)
+        pmap = undo_map(pmeta, vol)
+        moved = pointdata.clip(pmap, pointdata.minus(pointdata.covered(pmap), pointdata.covered(have)))
+        if not len(moved):
             continue
-        n = pointdata.fill(layout.point_undo(unit, p.generation, vol), layout.point_undo(unit, q.generation, vol),
-                           want, size=int(p.members[vol]))
-        entry = qmeta["members"].setdefault(vol, {"data": UNDO, "ranges": "", "bytes": 0})
-        entry["ranges"] = pointdata.encode(pointdata.union(have, want))
-        entry["bytes"] = int(entry.get("bytes", 0)) + n
+        fd = os.open(layout.point_undo(unit, p.generation, vol), os.O_RDONLY) if (moved[:, 2] >= 0).any() else -1
+        try:
+            rows, n = pointdata.append(layout.point_undo(unit, q.generation, vol), pointdata.log_pieces(fd, moved),
+                                       after=have)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        _add(qmeta, vol, have, rows, n)
         changed = True
     if changed:
         write_meta(layout, unit, qmeta)
@@ -189,7 +201,6 @@ def fold(layout: PoolLayout, idx: Index, p: Point, q: Point | None) -> None:
 
 def _make_full(layout: PoolLayout, idx: Index, q: Point, vol: str) -> None:
     """q's newer neighbour, a whole image, goes: q becomes a whole image itself."""
-    import os
     final = layout.point_image(idx.unit_id, q.generation, vol)
     tmp = layout.staging_image(final)
     build_image(layout, idx, q, vol, tmp)

@@ -1,20 +1,23 @@
-"""The bytes of recovery points: range sets, undo files, and images built from them.
+"""The bytes of recovery points: range sets, undo logs, and images built from them.
 
-A point that is not the live replica keeps, per member, an *undo* file: a sparse file
-holding, at a set of ranges (its *covered* set), the member's content at the point's
-generation wherever a newer generation changed it. Everything outside the covered set
-reads as the next newer point (drsvc.replication.points). So a point costs only the
-bytes the later generations overwrote, written once, by the receiver, before it applies
-them; the live replica keeps being written in place and stays unfragmented.
+A point that is not the live replica keeps, per member, an *undo log*: the member's
+bytes at the point's generation wherever a newer generation changed them. The log is
+append-only and packed, like the receiver's journal data: each range's bytes at the next
+4 KiB-aligned position, so keeping a generation's overwritten blocks is one sequential
+write and one fsync (a sparse file written at the blocks' own offsets made the fsync
+pay a random write and an extent per block). Its *map* says where each range went:
+(offset, length, position) rows sorted by offset, position -1 for a range that reads
+as zeros. Everything a map does not cover reads as the next newer point
+(drsvc.replication.points). The live replica keeps being written in place by the
+receiver and stays unfragmented.
 
-Ranges are copied in one of two ways (as the receiver's journal does): large aligned
-ranges are shared with FICLONERANGE (metadata only), small ones are copied (from the
-page cache: a reflink is a transaction of tens of microseconds). A range that reads as
-zeros becomes a hole. Every write sets a range to a fixed content, so a run cut short
-and run again ends the same.
+Ranges of 64 KiB or more, aligned, are shared with FICLONERANGE (metadata only); smaller
+ones are copied (a reflink is a transaction of tens of microseconds). Every write sets
+a range to a fixed content, so a run cut short and run again ends the same: a log only
+grows, and a map names only bytes made durable before it was written.
 
-Range sets are int64 (start, end) arrays, sorted and disjoint (extentplan's algebra);
-they travel in point metadata as base64 of little-endian pairs.
+Range sets are int64 (starts, ends) arrays, sorted and disjoint (extentplan's algebra);
+maps travel in point metadata as base64 of little-endian int64 triples.
 """
 from __future__ import annotations
 
@@ -34,11 +37,17 @@ FICLONERANGE = 0x4020940D
 _NO_CLONE = {errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.ENOSYS, errno.EINVAL}
 _FLAG_INLINE = 0x1 | 0x2          # journal FLAG_DIRECT | FLAG_DATA: the payload is not inline
 _CHUNK = 1 << 20
+_ZEROS = bytes(_CHUNK)
+
+
+def _np():
+    import numpy as np
+    return np
 
 
 # -- range sets -------------------------------------------------------------------
 def empty():
-    import numpy as np
+    np = _np()
     return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
 
 
@@ -48,9 +57,8 @@ def norm(starts, ends):
 
 
 def union(a, b):
-    from .extentplan import normalize
-    import numpy as np
-    return normalize(np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]]))
+    np = _np()
+    return norm(np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]]))
 
 
 def minus(a, b):
@@ -62,19 +70,64 @@ def total(r) -> int:
     return int((r[1] - r[0]).sum()) if len(r[0]) else 0
 
 
-def encode(r) -> str:
-    import numpy as np
-    pairs = np.empty(len(r[0]) * 2, dtype="<i8")
-    pairs[0::2], pairs[1::2] = r[0], r[1]
-    return base64.b64encode(pairs.tobytes()).decode()
+# -- maps: (offset, length, position) rows ---------------------------------------------
+def no_map():
+    np = _np()
+    return np.zeros((0, 3), dtype=np.int64)
 
 
-def decode(text: str | None):
-    import numpy as np
+def encode_map(m) -> str:
+    return base64.b64encode(_np().ascontiguousarray(m, dtype="<i8").tobytes()).decode()
+
+
+def decode_map(text: str | None):
+    np = _np()
     if not text:
-        return empty()
-    pairs = np.frombuffer(base64.b64decode(text), dtype="<i8").astype(np.int64)
-    return pairs[0::2].copy(), pairs[1::2].copy()
+        return no_map()
+    return np.frombuffer(base64.b64decode(text), dtype="<i8").astype(np.int64).reshape(-1, 3)
+
+
+def merge_maps(a, b):
+    """Two maps of disjoint ranges as one, sorted by offset."""
+    np = _np()
+    m = np.concatenate([a, b]) if len(b) else a
+    return m[np.argsort(m[:, 0], kind="stable")] if len(b) else m
+
+
+def covered(m):
+    return norm(m[:, 0], m[:, 0] + m[:, 1])
+
+
+def map_bytes(m) -> int:
+    """Bytes a map keeps in its log (zero ranges cost nothing)."""
+    return int(m[m[:, 2] >= 0, 1].sum()) if len(m) else 0
+
+
+def clip(m, want):
+    """The rows of map *m* cut to the ranges *want* (positions moved along)."""
+    np = _np()
+    ws, we = want
+    if not len(m) or not len(ws):
+        return no_map()
+    ms, me = m[:, 0], m[:, 0] + m[:, 1]
+    pts = np.unique(np.concatenate([ms, me, ws, we]))
+    lo, hi = pts[:-1], pts[1:]
+    row = np.searchsorted(ms, lo, side="right") - 1
+    rc = np.maximum(row, 0)
+    in_map = (row >= 0) & (me[rc] > lo)
+    w = np.searchsorted(ws, lo, side="right") - 1
+    wc = np.maximum(w, 0)
+    keep = in_map & (w >= 0) & (we[wc] > lo)
+    lo, hi, row = lo[keep], hi[keep], row[keep]
+    if not len(lo):
+        return no_map()
+    head = np.ones(len(lo), dtype=bool)                  # glue pieces of one row that touch
+    head[1:] = (row[1:] != row[:-1]) | (lo[1:] != hi[:-1])
+    starts = np.flatnonzero(head)
+    ends = np.append(starts[1:], len(lo)) - 1
+    s, e, r = lo[starts], hi[ends], row[starts]
+    pos = m[r, 2]
+    return np.stack([s, e - s, np.where(pos >= 0, pos + (s - ms[r]), -1)], axis=1)
 
 
 # -- what one transaction changes -----------------------------------------------------
@@ -82,7 +135,7 @@ def changed_ranges(records_path: Path, tx: dict) -> dict:
     """volume id -> the ranges a committed journal changes in that member's image
     (its records, and the growth past the base size). Fresh members are left out:
     they had no image at the base."""
-    import numpy as np
+    np = _np()
     members = tx["members"]
     starts: dict[int, list] = {i: [] for i, m in enumerate(members) if not m["fresh"]}
     ends: dict[int, list] = {i: [] for i in starts}
@@ -107,10 +160,14 @@ def changed_ranges(records_path: Path, tx: dict) -> dict:
     return out
 
 
-# -- copying ranges -------------------------------------------------------------------
-def _clone(src: int, dst: int, start: int, length: int) -> bool:
+# -- logs -------------------------------------------------------------------------------
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def _clone(src: int, src_pos: int, dst: int, dst_pos: int, length: int) -> bool:
     try:
-        fcntl.ioctl(dst, FICLONERANGE, struct.pack("=qQQQ", src, start, length, start))
+        fcntl.ioctl(dst, FICLONERANGE, struct.pack("=qQQQ", src, src_pos, length, dst_pos))
         return True
     except OSError as e:
         if e.errno not in _NO_CLONE:
@@ -118,79 +175,116 @@ def _clone(src: int, dst: int, start: int, length: int) -> bool:
         return False
 
 
-def _data_bytes(fd: int, start: int, end: int) -> int:
-    """Bytes of [start, end) of *fd* that are not holes."""
-    n, pos = 0, start
-    while pos < end:
-        try:
-            s = os.lseek(fd, pos, os.SEEK_DATA)
-        except OSError as e:
-            if e.errno == errno.ENXIO:
-                break
-            raise
-        if s >= end:
-            break
-        e_ = min(os.lseek(fd, s, os.SEEK_HOLE), end)
-        n += e_ - s
-        pos = e_
-    return n
+def _zero(data) -> bool:
+    return data == _ZEROS[:len(data)]
 
 
-def _copy(src: int, dst: int, start: int, end: int) -> int:
-    n = 0
-    pos = start
-    while pos < end:
-        want = min(_CHUNK, end - pos)
-        data = os.pread(src, want, pos)
-        if len(data) < want:                  # past the source's end: zeros
-            data += bytes(want - len(data))
-        if data.count(0) == len(data):
-            punch_hole(dst, pos, want)
-        else:
-            os.pwrite(dst, data, pos)
-            n += want
-        pos += want
-    return n
+class _Appender:
+    """Appends ranges to a log: small ones gathered into large sequential writes."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.end = _aligned(os.fstat(fd).st_size)
+        self.buf = bytearray()
+        self.buf_at = self.end
+        self.data = 0
+
+    def flush(self) -> None:
+        if self.buf:
+            os.pwrite(self.fd, self.buf, self.buf_at)
+            self.buf = bytearray()
+        self.buf_at = self.end
+
+    def add(self, src: int, src_pos: int, length: int) -> int:
+        """Append *length* bytes of *src* at *src_pos*; the log position, or -1 for zeros."""
+        if length >= CLONE_MIN and not (src_pos | length) % ALIGN:
+            self.flush()
+            os.ftruncate(self.fd, self.end + length)
+            if _clone(src, src_pos, self.fd, self.end, length):
+                at = self._took(length)
+                self.buf_at = self.end
+                return at
+        data = os.pread(src, length, src_pos)
+        if len(data) < length:
+            data += bytes(length - len(data))         # past the source's end: zeros
+        if _zero(data):
+            return -1
+        self.buf += data
+        self.buf += bytes(_aligned(length) - length)
+        if len(self.buf) >= _CHUNK:
+            at = self._took(length)
+            self.flush()
+            return at
+        return self._took(length)
+
+    def _took(self, length: int) -> int:
+        at = self.end
+        self.end += _aligned(length)
+        self.data += length
+        return at
 
 
-def copy_ranges(src: int, dst: int, ranges, *, src_size: int | None = None) -> int:
-    """Make *dst* equal *src* on every range (zeros where *src* has a hole or ends).
-    Returns the data bytes written. The caller fsyncs *dst*."""
-    if src_size is None:
-        src_size = os.fstat(src).st_size
-    starts, ends = ranges
-    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
-        if s < src_size:
-            os.posix_fadvise(src, s, min(e, src_size) - s, os.POSIX_FADV_WILLNEED)
-    written = 0
-    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
-        inside = min(e, src_size)
-        if (inside - s >= CLONE_MIN and not (s | inside) % ALIGN
-                and _clone(src, dst, s, inside - s)):
-            written += _data_bytes(src, s, inside)
-        elif inside > s:
-            written += _copy(src, dst, s, inside)
-        if e > max(s, inside):
-            punch_hole(dst, max(s, inside), e - max(s, inside))
-    return written
+def log_end(m) -> int:
+    """Where the bytes a map names end in its log: what lies after is an unfinished copy's."""
+    used = m[m[:, 2] >= 0] if len(m) else m
+    return int((used[:, 2] + -(-used[:, 1] // ALIGN) * ALIGN).max()) if len(used) else 0
 
 
-def fill(src: Path, dst: Path, want, *, size: int) -> int:
-    """Copy *want* ranges of file *src* into file *dst* (created sparse, at least *size*
-    bytes), durably. Returns the data bytes written."""
-    sfd = os.open(src, os.O_RDONLY)
+def append(log: Path, pieces, *, after=None) -> tuple:
+    """Append the *pieces* ((offset, length, source fd or None for zeros, source position))
+    to the log at *log*, durably. *after*: the log's map so far; bytes past what it names
+    are cut off first (None: keep the log as it is). Returns the pieces' map rows and the
+    data bytes written."""
+    np = _np()
+    pieces = list(pieces)
+    for _off, ln, src, pos in pieces:
+        if src is not None:
+            os.posix_fadvise(src, pos, ln, os.POSIX_FADV_WILLNEED)
+    rows = []
+    fd = os.open(log, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        dfd = os.open(dst, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            if os.fstat(dfd).st_size < size:
-                os.ftruncate(dfd, size)
-            n = copy_ranges(sfd, dfd, want)
-            os.fsync(dfd)
-            return n
-        finally:
-            os.close(dfd)
+        if after is not None and os.fstat(fd).st_size > log_end(after):
+            os.ftruncate(fd, log_end(after))
+        w = _Appender(fd)
+        for off, ln, src, pos in pieces:
+            rows.append((off, ln, -1 if src is None else w.add(src, pos, ln)))
+        w.flush()
+        os.fsync(fd)
     finally:
-        os.close(sfd)
+        os.close(fd)
+    return (np.asarray(rows, dtype=np.int64).reshape(-1, 3) if rows else no_map()), w.data
+
+
+def image_pieces(fd: int, want, size: int):
+    """Pieces of *want* ranges of an image open as *fd* (beyond *size*: zeros)."""
+    for s, e in zip(want[0].tolist(), want[1].tolist(), strict=True):
+        inside = min(e, size)
+        if inside > s:
+            yield s, inside - s, fd, s
+        if e > max(s, inside):
+            yield max(s, inside), e - max(s, inside), None, -1
+
+
+def log_pieces(fd: int, m):
+    for off, ln, pos in m.tolist():
+        yield off, ln, (fd if pos >= 0 else None), pos
+
+
+def lay(dst: int, log: Path, m) -> None:
+    """Write the map's ranges onto the file open as *dst* (zeros where the map says so);
+    the caller fsyncs *dst*."""
+    if not len(m):
+        return
+    src = os.open(log, os.O_RDONLY) if (m[:, 2] >= 0).any() else -1
+    try:
+        for off, ln, pos in m.tolist():
+            if pos < 0:
+                punch_hole(dst, off, ln)
+            elif not (ln >= CLONE_MIN and not (off | pos | ln) % ALIGN and _clone(src, pos, dst, off, ln)):
+                os.pwrite(dst, os.pread(src, ln, pos), off)
+    finally:
+        if src >= 0:
+            os.close(src)
 
 
 def allocated(path: Path) -> int:

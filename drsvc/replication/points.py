@@ -146,8 +146,9 @@ def member_data(meta: dict, volume_id: str, *, newest: bool = True) -> str:
     return (meta["members"].get(volume_id) or {}).get("data", LIVE if newest else UNDO)
 
 
-def covered(meta: dict, volume_id: str):
-    return pointdata.decode((meta["members"].get(volume_id) or {}).get("ranges"))
+def undo_map(meta: dict, volume_id: str):
+    """Where the member's undo log keeps each range (pointdata): (offset, length, position) rows."""
+    return pointdata.decode_map((meta["members"].get(volume_id) or {}).get("map"))
 
 
 # -- reading a point --------------------------------------------------------------------
@@ -207,7 +208,7 @@ def chain(layout: PoolLayout, idx: Index, point: Point, volume_id: str) -> tuple
             return layout.point_image(idx.unit_id, p.generation, volume_id), overlays
         if kind == LIVE:
             return layout.image(volume_id), overlays
-        overlays.append((layout.point_undo(idx.unit_id, p.generation, volume_id), covered(meta, volume_id)))
+        overlays.append((layout.point_undo(idx.unit_id, p.generation, volume_id), undo_map(meta, volume_id)))
     raise PointNotRestorable(unit_id=idx.unit_id, generation=point.generation,
                              reason=f"the history of {volume_id} after it is incomplete")
 
@@ -222,14 +223,10 @@ def build_image(layout: PoolLayout, idx: Index, point: Point, volume_id: str, de
     fd = os.open(dest, os.O_RDWR)
     try:
         os.ftruncate(fd, max(int(point.members[volume_id]), os.fstat(fd).st_size))
-        for undo, ranges in overlays:
-            want = pointdata.minus(ranges, laid)
+        for log, m in overlays:
+            want = pointdata.minus(pointdata.covered(m), laid)
             if len(want[0]):
-                sfd = os.open(undo, os.O_RDONLY)
-                try:
-                    pointdata.copy_ranges(sfd, fd, want)
-                finally:
-                    os.close(sfd)
+                pointdata.lay(fd, log, pointdata.clip(m, want))
                 laid = pointdata.union(laid, want)
         os.ftruncate(fd, int(point.members[volume_id]))
         os.fsync(fd)
@@ -254,7 +251,7 @@ def seal(layout: PoolLayout, idx: Index, volumes=None) -> bool:
         tmp.unlink(missing_ok=True)
         clone_file(layout.image(vol), tmp)
         os.replace(tmp, final)
-        meta["members"][vol] = {"data": FULL, "ranges": "", "bytes": 0}
+        meta["members"][vol] = {"data": FULL, "map": "", "bytes": 0}
         made = True
     if made:
         store.fsync_dir(layout.point_dir(idx.unit_id, point.generation))
