@@ -20,6 +20,7 @@ from csi_plugin.gen import csi_pb2, csi_pb2_grpc, volumegroup_pb2
 from drsvc.lab import Lab
 from drsvc_cli.client import DrClient, RpcFailed
 from tests.dr.helpers import code_of, wait_for
+from tests.faults.steps import file_sha
 from tests.fixtures.sites import Client, image_sha, need_lab
 
 HOUR = {"schedulingInterval": "1h"}
@@ -213,7 +214,7 @@ def test_csi_snapshots_appear_at_the_peer_restore_there_and_go_with_the_origin(p
     _write(sa, vid, b"before the snapshot", 1)
     enable(a, **unit)
     snap = A.controller.CreateSnapshot(csi_pb2.CreateSnapshotRequest(name="nightly", source_volume_id=vid)).snapshot
-    snap_sha = _file_sha(sa.pool / "snapshots" / f"{snap.snapshot_id}.img")
+    snap_sha = file_sha(sa.pool / "snapshots" / f"{snap.snapshot_id}.img")
     _write(sa, vid, b"after the snapshot", 2)
     sync(a, **unit)          # ships the snapshot as a generation, then the live data
 
@@ -235,7 +236,7 @@ def test_csi_snapshots_appear_at_the_peer_restore_there_and_go_with_the_origin(p
     restored = B.controller.CreateVolume(csi_pb2.CreateVolumeRequest(
         name="restored-nightly", capacity_range=csi_pb2.CapacityRange(required_bytes=32 << 20),
         volume_capabilities=[cap], volume_content_source=src)).volume
-    assert _file_sha(sb.pool / "images" / f"{restored.volume_id}.img") == snap_sha
+    assert file_sha(sb.pool / "images" / f"{restored.volume_id}.img") == snap_sha
 
     # deleted at the origin: gone at the peer after the next sync; its point is no longer pinned
     A.controller.DeleteSnapshot(csi_pb2.DeleteSnapshotRequest(snapshot_id=snap.snapshot_id))
@@ -273,14 +274,6 @@ def _write(site, vid, data: bytes, block: int) -> None:
         f.write(data * 1000)
         f.flush()
         os.fsync(f.fileno())
-
-
-def _file_sha(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # -- input checks, listing for machines, metrics ----------------------------------------------
