@@ -37,7 +37,7 @@ def test_drill_and_failover_at_a_recovery_point(lab, ansible, tmp_path):  # noqa
         sums = _files(a, vid, tmp_path)
         ansible.module("drsvc_replication", endpoint=lab.sites["a"].endpoint, volume_id=vid, state="enabled",
                        peer="b", interval="1h")
-        wait_for(lambda: b.status(**unit)["generation"] >= 1, 60, what="the initial sync")
+        wait_for(lambda: a.status(**unit)["generation"] >= 1, 60, what="the initial sync")
         point = b.recovery_points(**unit)["points"][-1]["generation"]
         _files(a, vid, tmp_path, {n: os.urandom(200_000) for n in list(sums)[:3]})     # "encrypted"
         for _ in range(2):
