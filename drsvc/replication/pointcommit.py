@@ -6,7 +6,7 @@ committed journal is replayed after a crash, and these run again with it):
 * :func:`before_apply`, once the journal is committed and before it touches the images:
   the points the retention grid drops with this commit are folded into their older
   neighbours, then the ranges the generation changes are copied out of the replica into
-  the undo files of the point that keeps them (the newest point, or when the grid drops
+  the undo logs of the point that keeps them (the newest point, or when the grid drops
   that one, the nearest older point kept). The target's meta.json records the txid last:
   a replay that finds it there does not copy again (the images may already be new).
 * :func:`after_commit`, after the apply and before the unit's state is saved: the index

@@ -155,7 +155,7 @@ def undo_map(meta: dict, volume_id: str):
 RECOVERY_POINT = "drsvc.io/recoveryPoint"
 
 
-def parse_spec(text: str, key: str = RECOVERY_POINT) -> tuple[float, bool]:
+def parse_spec(text: str, key: str = RECOVERY_POINT) -> tuple[int | float, bool]:
     """A point named by its generation ("42") or by a time, RFC 3339 ("2026-11-22T23:17:56Z":
     the newest point at or before it). Returns (value, by_time)."""
     text = (text or "").strip()
@@ -193,9 +193,9 @@ def select(idx: Index, spec: int | float, *, by_time: bool) -> Point:
     return p
 
 
-def chain(layout: PoolLayout, idx: Index, point: Point, volume_id: str) -> tuple[Path, list[Path], list]:
+def chain(layout: PoolLayout, idx: Index, point: Point, volume_id: str) -> tuple[Path, list]:
     """What an image of *volume_id* at *point* is made of: a base file (a full image, or
-    the live replica) and, oldest first, the undo files and covered ranges laid over it."""
+    the live replica) and, oldest first, the (undo log, map) pairs laid over it."""
     overlays: list = []
     for p in idx.points:
         if p.generation < point.generation:
