@@ -179,9 +179,7 @@ def run_promote(pair: Pair, args, rnd) -> dict:
                 expect[i] = pair.a / f"expect-{unit}-{i}.img"
                 clone_file(img, expect[i])
             gens.append(pair.sync(unit, "1x1000w(keep=all)")["report"]["target_generation"])
-        t = time.monotonic()
-        seed_base(pair.b, unit)               # what every promote does first (not the point's part)
-        seed_s = time.monotonic() - t
+        seed_s = _unit_free(lambda unit=unit: seed_base(pair.b, unit))   # what every promote does first
         for back in (1, 3):
             i = len(gens) - 1 - back
             t = time.monotonic()
@@ -195,6 +193,22 @@ def run_promote(pair: Pair, args, rnd) -> dict:
             f.unlink()
         (pair.b / "images" / f"{unit}.img").unlink()           # room for the next size
     return out
+
+
+def _unit_free(fn) -> float:
+    """Run *fn* once the receiver that served the last sync has let the unit go (it does
+    so as its session ends, a moment after the sender's sync returned); its duration."""
+    from drsvc.errors import OperationInProgress
+    deadline = time.monotonic() + 30
+    while True:
+        t = time.monotonic()
+        try:
+            fn()
+            return time.monotonic() - t
+        except OperationInProgress:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def goals(r: dict) -> list[str]:
