@@ -18,10 +18,11 @@ It reports:
   many (goal <= 20 ms): a small volume synced that many times with a keep-all grid, then
   synced with a grid that drops one point a sync;
 * promote to a point (drsvc.replication.pointrestore.take_over: seal the newest point,
-  build the chosen one's images, rename them in) for volumes of --promote-mib MiB, the
-  point one generation back and three back, after --promote-syncs syncs of --change each
-  (goal < 1 s); beside it ``seed_base_s``, what every promote does before (the replica
-  becomes the acked base, with block maps: it reads and hashes the data).
+  build the chosen one's images, rename them in) for volumes of --promote-mib MiB: to the
+  point before a sync that changed --promote-fixed-mib, then one and three syncs of
+  --change further back, with the bytes changed since each (goal < 1 s); beside it
+  ``seed_base_s``, what every promote does before (the replica becomes the acked base,
+  with block maps: it reads and hashes the data).
 The load average is printed beside the figures (this VM is shared)."""
 from __future__ import annotations
 
@@ -158,9 +159,11 @@ def run_many(pair: Pair, args, rnd) -> dict:
 
 
 def run_promote(pair: Pair, args, rnd) -> dict:
-    """Promote to a point of a volume of each --promote-mib size (the restore step alone):
-    the point one generation back, then three back (the chain then starts at the newest
-    point's image, sealed by the first)."""
+    """Promote to a point (the restore step: seal, build, rename) of a volume of each
+    --promote-mib size, after --promote-syncs syncs of --change each and a last one of
+    --promote-fixed-mib: to the point before that last sync (the same bytes changed since,
+    whatever the size), then one and three syncs of --change further back. Each restore
+    chains from the newest point's image, sealed by the first."""
     from drsvc.host.reflink import clone_file
     from drsvc.replication.pointrestore import take_over
     from drsvc.replication.takeover import seed_base
@@ -171,24 +174,26 @@ def run_promote(pair: Pair, args, rnd) -> dict:
         unit = f"P{mib}"
         img = pair.image(unit)
         write_random(img, mib * MiB, rnd)
-        pair.sync(unit, "1x1000w(keep=all)")
-        gens, expect = [], {}
-        for i in range(args.promote_syncs):
-            rewrite_blocks(img, args.change, rnd)
+        gens, expect, changed = [pair.sync(unit, "1x1000w(keep=all)")["report"]["target_generation"]], {}, []
+        for i in range(args.promote_syncs + 1):
             if mib <= 2048:                   # what each generation holds, to check the restores
-                expect[i] = pair.a / f"expect-{unit}-{i}.img"
-                clone_file(img, expect[i])
+                expect[gens[-1]] = pair.a / f"expect-{unit}-{i}.img"
+                clone_file(img, expect[gens[-1]])
+            last = i == args.promote_syncs
+            offs = rewrite_blocks(img, 0 if last else args.change, rnd,
+                                  count=args.promote_fixed_mib * MiB // 4096 if last else None)
+            changed.append(len(offs) * 4096)
             gens.append(pair.sync(unit, "1x1000w(keep=all)")["report"]["target_generation"])
         seed_s = _unit_free(lambda unit=unit: seed_base(pair.b, unit))   # what every promote does first
-        for back in (1, 3):
-            i = len(gens) - 1 - back
+        for back in (1, 2, 4):
+            target = gens[-1 - back]
             t = time.monotonic()
-            take_over(pair.b, unit, gens[i])
+            take_over(pair.b, unit, target)
             dt = time.monotonic() - t
-            ok = same_content(expect[i], pair.b / "images" / f"{unit}.img") if i in expect else None
-            out[f"{mib}MiB_back{back}"] = {"restore_s": round(dt, 4), "generation": gens[i],
-                                          "bytes_changed_since": int(back * args.change * mib * MiB),
-                                          "verified": ok, "seed_base_s": round(seed_s, 4)}
+            ok = same_content(expect[target], pair.b / "images" / f"{unit}.img") if target in expect else None
+            out[f"{mib}MiB_back{back}"] = {"restore_s": round(dt, 4), "generation": target,
+                                          "bytes_changed_since": sum(changed[-back:]), "verified": ok,
+                                          "seed_base_s": round(seed_s, 4)}
         for f in expect.values():
             f.unlink()
         (pair.b / "images" / f"{unit}.img").unlink()           # room for the next size
@@ -225,7 +230,8 @@ def goals(r: dict) -> list[str]:
     judge("pruning per sync under load (median)", r["load"]["points_cost_s"].get("prune_s", {}).get("median"),
           0.020, " s")
     for k, v in r["promote"].items():
-        judge(f"promote to a point, {k}", v["restore_s"], 1.0, " s")
+        judge(f"promote to a point, {k} ({v['bytes_changed_since'] >> 20} MiB changed since)",
+              v["restore_s"], 1.0, " s")
     return lines
 
 
@@ -240,6 +246,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prune-syncs", type=int, default=10)
     ap.add_argument("--promote-mib", type=lambda s: [int(x) for x in s.split(",")], default=[1024, 10240])
     ap.add_argument("--promote-syncs", type=int, default=4)
+    ap.add_argument("--promote-fixed-mib", type=int, default=8, help="changed by the last sync before the restores")
     ap.add_argument("--fs-size", default="60G")
     ap.add_argument("--seed", type=int, default=21)
     ap.add_argument("--json", action="store_true", help="print one JSON line last")

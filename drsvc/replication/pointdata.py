@@ -230,6 +230,41 @@ def log_end(m) -> int:
     return int((used[:, 2] + -(-used[:, 1] // ALIGN) * ALIGN).max()) if len(used) else 0
 
 
+def _runs(pieces):
+    """Pieces grouped into runs whose bytes follow each other in one source at 4 KiB-aligned
+    positions (a pruned point's log, as it was packed): a run is shared in one FICLONERANGE."""
+    run: list = []
+    for piece in pieces:
+        _off, ln, src, pos = piece
+        if run and src is not None and src == run[-1][2] and pos % ALIGN == 0 \
+                and pos == run[-1][3] + _aligned(run[-1][1]):
+            run.append(piece)
+            continue
+        if run:
+            yield run
+        run = [piece]
+    if run:
+        yield run
+
+
+def _add_run(w: _Appender, run, rows: list) -> None:
+    """One run: shared whole when it is long enough, else range by range."""
+    first, last = run[0], run[-1]
+    length = last[3] + _aligned(last[1]) - first[3]
+    if len(run) > 1 and length >= CLONE_MIN and first[3] % ALIGN == 0:
+        w.flush()
+        os.ftruncate(w.fd, w.end + length)
+        if _clone(first[2], first[3], w.fd, w.end, length):
+            base = w.end
+            w.end += length
+            w.buf_at = w.end
+            w.data += sum(p[1] for p in run)
+            rows.extend((off, ln, base + pos - first[3]) for off, ln, _src, pos in run)
+            return
+    for off, ln, src, pos in run:
+        rows.append((off, ln, -1 if src is None else w.add(src, pos, ln)))
+
+
 def append(log: Path, pieces, *, after=None) -> tuple:
     """Append the *pieces* ((offset, length, source fd or None for zeros, source position))
     to the log at *log*, durably. *after*: the log's map so far; bytes past what it names
@@ -240,15 +275,18 @@ def append(log: Path, pieces, *, after=None) -> tuple:
     for _off, ln, src, pos in pieces:
         if src is not None:
             os.posix_fadvise(src, pos, ln, os.POSIX_FADV_WILLNEED)
-    rows = []
+    rows: list = []
     fd = os.open(log, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         if after is not None and os.fstat(fd).st_size > log_end(after):
             os.ftruncate(fd, log_end(after))
         w = _Appender(fd)
-        for off, ln, src, pos in pieces:
-            rows.append((off, ln, -1 if src is None else w.add(src, pos, ln)))
+        for run in _runs(pieces):
+            _add_run(w, run, rows)
         w.flush()
+        # XFS keeps blocks past the end of a file appended in turns (speculative preallocation):
+        # a truncate to the size gives them back
+        os.ftruncate(fd, w.end)
         os.fsync(fd)
     finally:
         os.close(fd)

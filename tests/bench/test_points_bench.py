@@ -14,7 +14,7 @@ pytestmark = pytest.mark.bench
 
 def test_points_bench_reports_every_figure(capsys):
     assert points.main(["--size-mib", "16", "--duration", "4", "--interval", "0.2", "--list-points", "12",
-                        "--prune-syncs", "2", "--promote-mib", "16", "--promote-syncs", "4",
+                        "--prune-syncs", "2", "--promote-mib", "16", "--promote-syncs", "4", "--promote-fixed-mib", "1",
                         "--fs-size", "4G", "--json"]) == 0
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     load = r["load"]
@@ -24,6 +24,7 @@ def test_points_bench_reports_every_figure(capsys):
     assert 0.95 <= load["space"]["ratio"] <= 1.05, load["space"]
     assert r["many"]["points"] == 12 and r["many"]["list_s"]["median"] > 0
     assert r["many"]["pruned_per_sync"] == 1 and r["many"]["prune_s_per_sync"]["median"] > 0
-    assert set(r["promote"]) == {"16MiB_back1", "16MiB_back3"}
+    assert set(r["promote"]) == {"16MiB_back1", "16MiB_back2", "16MiB_back4"}
+    assert r["promote"]["16MiB_back1"]["bytes_changed_since"] == 1 << 20
     assert all(v["verified"] is True and v["restore_s"] > 0 for v in r["promote"].values())
-    assert r["loadavg"]["start"] and len(r["goals"]) == 7
+    assert r["loadavg"]["start"] and len(r["goals"]) == 8

@@ -156,3 +156,41 @@ def test_select_by_generation_and_by_time(xfs_mod):
         select(idx, 99, by_time=False)
     with pytest.raises(Exception, match="at or before"):
         select(idx, idx.points[0].time - 10, by_time=True)
+
+
+def test_a_fold_shares_runs_of_a_log_and_drops_preallocation(xfs_mod):
+    """Rows that follow each other in a pruned point's log go to the older point's log in
+    one FICLONERANGE (shared, not copied), each row's bytes where the new map says; and no
+    block stays allocated past the log's end (XFS preallocates for files appended in turns)."""
+    import numpy as np
+
+    from drsvc.host.fiemap import FIEMAP_EXTENT_SHARED
+    from drsvc.replication import pointdata
+    d = xfs_mod / f"fold-{random.random()}"
+    d.mkdir()
+    src_img = d / "img"
+    make_image(src_img, 8 * MiB, [(0, os.urandom(8 * MiB))])
+    offs = np.arange(0, 64, 2, dtype=np.int64) * 4096          # 32 scattered 4 KiB ranges
+    fd = os.open(src_img, os.O_RDONLY)
+    try:
+        rows, n = pointdata.append(d / "p.undo", pointdata.image_pieces(fd, (offs, offs + 4096), 8 * MiB))
+    finally:
+        os.close(fd)
+    assert n == 32 * 4096 and list(rows[:, 2]) == list(range(0, 32 * 4096, 4096))
+    pfd = os.open(d / "p.undo", os.O_RDONLY)
+    try:
+        moved, n2 = pointdata.append(d / "q.undo", pointdata.log_pieces(pfd, rows))
+    finally:
+        os.close(pfd)
+    qfd = os.open(d / "q.undo", os.O_RDONLY)
+    try:
+        ext = fiemap_array(qfd, os.fstat(qfd).st_size)
+        assert len(ext) and (ext["flags"] & FIEMAP_EXTENT_SHARED).all()     # shared with p's log
+        for off, ln, pos in moved.tolist():
+            assert os.pread(qfd, ln, pos) == src_img.read_bytes()[off:off + ln]
+    finally:
+        os.close(qfd)
+    assert n2 == n
+    for f in ("p.undo", "q.undo"):
+        st = (d / f).stat()
+        assert st.st_blocks * 512 <= st.st_size + 4096
