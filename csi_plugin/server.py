@@ -45,10 +45,9 @@ def _serve(server: grpc.Server, names: list[str], sock: Path) -> grpc.Server:
 
 
 def build_controller_server(ctl: ClusterController, sock: Path, *, max_workers: int = 16) -> grpc.Server:
-    """A multi-node site's controller: CSI Identity and
-    Controller, CSI-Addons Identity, VolumeGroup and Replication (each call sent to the
-    node of the object). Node services run where the pools are. A group's members sit on
-    one node (for now)."""
+    """A multi-node site's controller: CSI Identity, Controller and GroupController,
+    CSI-Addons Identity, VolumeGroup and Replication, each call sent to the node of the
+    object (or to every node holding a part of it). Node services run where the pools are."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
                          interceptors=[LoggingInterceptor()])
     csi_pb2_grpc.add_IdentityServicer_to_server(
