@@ -222,11 +222,11 @@ class NodeOps:
 
     def op_round_state(self, unit_id: str) -> dict:
         """A spanning group's part here: applied generation, and a round left prepared."""
-        from .replication.receiver import round_state
+        from .replication.replica import round_state
         return round_state(self.ctl.site.pool.layout, check_id(unit_id, "volume_group_id"))
 
     def op_settle_round(self, unit_id: str, txid: str, commit: bool) -> dict:
-        from .replication.receiver import settle_round
+        from .replication.replica import settle_round
         return settle_round(self.ctl.site.pool.layout, check_id(unit_id, "volume_group_id"),
                             check_id(txid, "transaction id"), bool(commit))
 

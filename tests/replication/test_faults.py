@@ -18,7 +18,7 @@ from drsvc import store
 from drsvc.errors import DrsvcError
 from drsvc.replication import peer_status, sync_unit
 from drsvc.replication.layout import PoolLayout
-from drsvc.replication.sender import generation_image
+from drsvc.replication.snapstore import generation_image
 from drsvc.replication.state import get_state
 from drsvc.transport.local import LocalPeer
 from tests.fixtures.xfs import free_port, need
