@@ -41,11 +41,14 @@ from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
+import xxhash
+
 from ..errors import VolumeNotFound
-from ..host.fiemap import fiemap_array
+from ..host.fiemap import EXTENT_DTYPE, fiemap_array
 from ..host.freeze import frozen, write_back
 from ..host.reflink import clone_file, clone_range
 from . import plan as planner
+from .blockmap import punch_hole
 
 log = logging.getLogger(__name__)
 _NO_FIEMAP = (errno.EOPNOTSUPP, errno.ENOTTY, errno.EINVAL)
@@ -99,7 +102,6 @@ def save_extents(path: Path, extents, size: int) -> None:
     forward it is that generation's extent map (cloned ranges now share the live
     image's blocks; the rest already did), so the next capture need not map the
     base again. Checksummed: a torn file is ignored, never trusted."""
-    import xxhash
     raw = extents.tobytes()
     with open(path, "wb") as f:
         f.write(_EXT_HEADER.pack(EXTENTS_MAGIC, size, xxhash.xxh3_64_intdigest(raw)) + raw)
@@ -108,9 +110,6 @@ def save_extents(path: Path, extents, size: int) -> None:
 def load_extents(path: Path, size: int):
     """The cached extent map of an image of *size* bytes, or None (absent, torn, other size)."""
     import numpy as np
-    import xxhash
-
-    from ..host.fiemap import EXTENT_DTYPE
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -342,7 +341,6 @@ def roll_forward(base_img: Path, overlay_dir: Path, vol: str, size: int) -> None
 
     Repeat-safe: every action sets a range to a fixed content, so a run cut short
     and run again ends the same."""
-    from .blockmap import punch_hole as punch
     fd = os.open(base_img, os.O_RDWR)
     try:
         os.ftruncate(fd, size)
@@ -353,7 +351,7 @@ def roll_forward(base_img: Path, overlay_dir: Path, vol: str, size: int) -> None
         finally:
             os.close(dfd)
         for s, e in read_ranges(overlay_dir / f"{vol}.clear"):
-            punch(fd, s, e - s)
+            punch_hole(fd, s, e - s)
         os.fsync(fd)
     finally:
         os.close(fd)

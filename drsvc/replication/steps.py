@@ -127,7 +127,7 @@ class Compare(Step):
             maps = a.session.fetch_maps(a.job.members, a.st.block_size, maps_dir)
             peer_gen = int(a.peer_st.get("generation") or 0)
             a.prepared = prepare_for(a, txid=txid, target=max(a.st.generation, peer_gen) + 1,
-                                   base_generation=peer_gen, mode="compare", peer_maps=maps)
+                                     base_generation=peer_gen, mode="compare", peer_maps=maps)
         finally:
             shutil.rmtree(maps_dir, ignore_errors=True)
 
