@@ -276,3 +276,30 @@ def test_driver_works_ahead_while_the_session_opens_and_drops_what_was_not_shipp
     drive(_job(tmp_path), planner_, opener, SyncReport(unit_id="u"), attempts=2)
     assert len(early_dirs) == 2 and not any(d.exists() for d in early_dirs)
     assert all(s.closed for s in opener.sessions)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("protocol, impl", [
+    ("Session", "drsvc.replication.remote:ApplySession"),
+    ("Planner", "drsvc.replication.sync:SyncPlanner"),
+    ("Step", "drsvc.replication.steps:Ship"),
+])
+def test_the_engine_implements_the_driver_interfaces(protocol, impl):
+    """Every method of the driver's Protocol exists on its implementation with the same
+    parameters (a typing.Protocol is not checked at run time: this is that check)."""
+    import importlib
+    import inspect
+
+    from drsvc.replication import driver
+    proto = getattr(driver, protocol)
+    mod, name = impl.split(":")
+    cls = getattr(importlib.import_module(mod), name)
+    for attr, want in vars(proto).items():
+        if attr.startswith("_"):
+            continue
+        assert hasattr(cls, attr), f"{name} lacks {attr}"
+        if inspect.isfunction(want):
+            have = getattr(cls, attr)
+            assert list(inspect.signature(have).parameters) == list(inspect.signature(want).parameters), attr
+    for attr in getattr(proto, "__annotations__", {}):
+        assert hasattr(cls, attr), f"{name} lacks {attr}"
