@@ -16,6 +16,7 @@ from ..controller import PoolController
 from ..controller_api import CONTROLLER_OPS, REPLICATION_OPS, ReplicationControl
 from ..errors import DrsvcError, ReplicationNotConfigured
 from ..ids import check_id, name_key
+from ..replication.replica import round_state, settle_round
 from ..replication.status import Info
 from .wire import caps_in, group_out, gs_out, page_out, source_in, status_out
 
@@ -156,10 +157,8 @@ class NodeOps:
 
     def op_round_state(self, unit_id: str) -> dict:
         """A spanning group's part here: applied generation, and a round left prepared."""
-        from ..replication.receiver import round_state
         return round_state(self.ctl.site.pool.layout, check_id(unit_id, "volume_group_id"))
 
     def op_settle_round(self, unit_id: str, txid: str, commit: bool) -> dict:
-        from ..replication.receiver import settle_round
         return settle_round(self.ctl.site.pool.layout, check_id(unit_id, "volume_group_id"),
                             check_id(txid, "transaction id"), bool(commit))

@@ -110,7 +110,7 @@ class ReplicationJobs:
         return self._sync(c, demote=False, delay=delay)
 
     def _sync(self, c: Control, *, demote: bool, delay: float | None = None) -> dict:
-        from .sender import sync_unit
+        from .sync import sync_unit
         members = self._members(c)
         t0 = time.time()
         peer = None
@@ -214,7 +214,7 @@ class ReplicationJobs:
         rounds across the nodes before it promotes; a promote on this node alone has no
         other node to ask): taking over without it keeps the generation every node applied."""
         from ..layout import PoolLayout
-        from .receiver import round_state, settle_round
+        from .replica import round_state, settle_round
         layout = PoolLayout(self.pool)
         p = round_state(layout, unit_id)["prepared"]
         if p is not None:
@@ -234,7 +234,7 @@ class ReplicationJobs:
 
     def run_disable(self, unit_id: str) -> dict:
         from .remote import release_peer
-        from .sender import release_unit
+        from .snapstore import release_unit
         c = find_control(self.pool, unit_id)
         st = unit_state.find_state(self.pool, unit_id)
         peer_released = None

@@ -101,7 +101,7 @@ class ReplicationRequests:
         The receiver's unit lock keeps deltas out while the reflinks are taken,
         so every member is cloned at the same generation; replication goes on
         afterwards untouched."""
-        from .receiver import recover
+        from .replica import recover
         check_name(prefix, "name_prefix")
         self.status.require_enabled(unit)
         layout = PoolLayout(self.pool)
