@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
-from .ceilings import channel_text, extents_text
+from .texts import channel_text, extents_text
 
 MB = 1e6
 RSS_LIMIT = 150 * MB
