@@ -112,13 +112,13 @@ def add_floors(res: CaseResult, spec: LinkSpec) -> CaseResult:
 
 
 class Sink:
-    """A TCP server in this process that reads and discards; per connection it reports the
-    bytes and the time from its first read to its last (a context manager)."""
+    """A TCP server in this process that reads and discards; per connection it records
+    (bytes, time of its first read, of its last, bytes of the first read) (a context manager)."""
 
     def __init__(self):
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        self.results: list[tuple[int, float, int]] = []
+        self.results: list[tuple[int, float, float, int]] = []
         self.done = threading.Condition()
 
     def _serve(self) -> None:
@@ -140,7 +140,7 @@ class Sink:
                     first, first_len = last, k
                 n += k
         with self.done:
-            self.results.append((n, last - first, first_len))
+            self.results.append((n, first, last, first_len))
             self.done.notify_all()
 
     def __enter__(self) -> Sink:
@@ -152,7 +152,8 @@ class Sink:
 
 
 def raw_push(port: int, sink: Sink, nbytes: int) -> float:
-    """MiB/s of one raw TCP connection pushing *nbytes* to *sink* through *port*."""
+    """MiB/s of one raw TCP connection pushing *nbytes* to *sink* through *port* (one push
+    at a time: the sink's latest result is taken as this push's)."""
     block = memoryview(os.urandom(4 * MiB))
     want = len(sink.results) + 1
     with socket.create_connection(("127.0.0.1", port), timeout=300) as s:
@@ -163,10 +164,10 @@ def raw_push(port: int, sink: Sink, nbytes: int) -> float:
     with sink.done:
         if not sink.done.wait_for(lambda: len(sink.results) >= want, timeout=300):
             raise Unavailable("the sink behind the link emulator got no end of the push")
-        n, seconds, first = sink.results[-1]
+        n, first, last, first_len = sink.results[-1]
     if n != nbytes:
         raise RuntimeError(f"the sink counted {n} bytes, {nbytes} were pushed")
-    return (n - first) / seconds / MiB
+    return (n - first_len) / (last - first) / MiB
 
 
 @contextlib.contextmanager
