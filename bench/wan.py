@@ -111,15 +111,15 @@ def add_floors(res: CaseResult, spec: LinkSpec) -> CaseResult:
     return res
 
 
-class Sink:
-    """A TCP server in this process that reads and discards; per connection it records
-    (bytes, time of its first read, of its last, bytes of the first read) (a context manager)."""
+class Server:
+    """A TCP server on loopback, a thread per connection running handle(conn) (a context manager)."""
 
     def __init__(self):
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        self.results: list[tuple[int, float, float, int]] = []
-        self.done = threading.Condition()
+
+    def handle(self, conn) -> None:
+        raise NotImplementedError
 
     def _serve(self) -> None:
         while True:
@@ -127,9 +127,26 @@ class Sink:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
-            threading.Thread(target=self._drain, args=(conn,), daemon=True).start()
+            threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
 
-    def _drain(self, conn) -> None:
+    def __enter__(self):
+        threading.Thread(target=self._serve, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.sock.close()
+
+
+class Sink(Server):
+    """Reads and discards; per connection it records (bytes, time of its first read, of its
+    last, bytes of the first read)."""
+
+    def __init__(self):
+        super().__init__()
+        self.results: list[tuple[int, float, float, int]] = []
+        self.done = threading.Condition()
+
+    def handle(self, conn) -> None:
         buf = bytearray(4 * MiB)
         n = first_len = 0
         first = last = 0.0
@@ -142,13 +159,6 @@ class Sink:
         with self.done:
             self.results.append((n, first, last, first_len))
             self.done.notify_all()
-
-    def __enter__(self) -> Sink:
-        threading.Thread(target=self._serve, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.sock.close()
 
 
 def raw_push(port: int, sink: Sink, nbytes: int) -> float:

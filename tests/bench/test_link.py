@@ -18,39 +18,19 @@ import time
 import pytest
 
 from bench.link import LinkSpec, LinkSpecError, parse_link
-from bench.wan import LinkProcess, Sink, raw_push
+from bench.wan import LinkProcess, Server, Sink, raw_push
 
 pytestmark = pytest.mark.fast
 MiB = 1 << 20
 
 
-class Echo:
-    """A TCP server that sends back what it reads (a context manager)."""
+class Echo(Server):
+    """Sends back what it reads."""
 
-    def __init__(self):
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-
-    def _serve(self):
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._echo, args=(conn,), daemon=True).start()
-
-    @staticmethod
-    def _echo(conn):
+    def handle(self, conn):
         with conn:
             while data := conn.recv(1 << 16):
                 conn.sendall(data)
-
-    def __enter__(self):
-        threading.Thread(target=self._serve, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc):
-        self.sock.close()
 
 
 def recv_exactly(s: socket.socket, n: int) -> bytes:
