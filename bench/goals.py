@@ -4,6 +4,7 @@
     python -m bench.delta_vs_rsync --json --warm --cases 1pct | tail -1 > warm.json
     python -m bench.delta_vs_rsync --json --link rtt=100ms,rate=1gbit --full-mib 1024 | tail -1 > wan.json
     python -m bench.goals cold.json [warm.json] [wan.json]
+    python -m bench.goals --summary wan-50ms.json wan-100ms.json wan-200ms.json
 
 A run over a link (its JSON has "link") is judged by issue 20's goals, each against
 its floor over the link (wire bytes / rate + 1 RTT, bench/wan.py); a run without,
@@ -156,11 +157,33 @@ def table(doc: dict) -> str:
     return "\n".join(rows)
 
 
+def summary(docs: list[dict]) -> str:
+    """Runs over several links in one table: link | case | drsvc | floor | x floor | rsync | rsync x floor."""
+    rows = ["| link | case | drsvc median | floor (wire / rate + RTT) | x floor | rsync median | rsync x floor |",
+            "|---|---|---|---|---|---|---|"]
+    for doc in docs:
+        link = doc["link"]
+        for i, c in enumerate(doc["cases"]):
+            lk, d, rs = c["link"], _med(c, "drsvc_s"), _med(c, "rsync_s")
+            what = c["name"] + (f" ({c['changed_bytes'] / d / MiB:.1f} MiB/s)" if c["name"] == "full" else "")
+            rows.append(f"| {link['spec'] if i == 0 else ''} | {what} | {d:.3f} s | {lk['floor_s']['median']:.3f} s | "
+                        f"{lk['x_floor']:.2f} | {f'{rs:.3f} s' if rs is not None else '-'} | "
+                        f"{lk.get('rsync_x_floor') or '-'} |")
+    return "\n".join(rows)
+
+
+def _load(path: str) -> dict:
+    with open(path) as f:
+        return json.loads(f.read().strip().splitlines()[-1])
+
+
 def main(argv=None) -> int:
     paths = (argv if argv is not None else sys.argv[1:]) or ["/dev/stdin"]
+    if paths[0] == "--summary":          # runs over links, one table
+        print(summary([_load(p) for p in paths[1:]]))
+        return 0
     for path in paths:
-        with open(path) as f:
-            doc = json.loads(f.read().strip().splitlines()[-1])
+        doc = _load(path)
         link = f", link {doc['link']['spec']}" if doc.get("link") else ""
         print(f"## {path} ({'cold' if doc.get('cold') else 'warm'}{link}, load {doc.get('loadavg')})")
         print(table(doc))
