@@ -56,7 +56,8 @@ def judge_wan(cases: dict, link: dict) -> list[tuple[str, str, bool]]:
                     + (f" [{wan_ceilings_text(wc)}]" if wc else ""), got >= 0.85 * rate))
     if c := cases.get("1pct"):
         d, f = figures(c)
-        out.append(("1pct: <= 1.2 x floor", f"{d:.3f} s vs {1.2 * f:.3f} s (floor {f:.3f} s, {d / f:.2f} x)",
+        disk = f"; the changed blocks read cold here: {_med(c, 'floor_s'):.3f} s" if c.get("floor_s") else ""
+        out.append(("1pct: <= 1.2 x floor", f"{d:.3f} s vs {1.2 * f:.3f} s (floor {f:.3f} s, {d / f:.2f} x{disk})",
                     d <= 1.2 * f))
     for name, extra in (("idle", 1), ("failover", 2)):
         if c := cases.get(name):
