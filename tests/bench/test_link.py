@@ -1,6 +1,7 @@
 """The link emulator (bench/link.py): what it guarantees, on real sockets through its own process.
 
-These test the emulator's pacing, not drsvc: a round trip through it takes at least
+The parsers' tests are in the fast tier (no root, no lab, no process); the others start
+the emulator's process. These test the emulator's pacing, not drsvc: a round trip through it takes at least
 one RTT (a lower bound it enforces), bytes arrive intact and in order under
 concurrency, several connections share one rate (the measured/configured ratio in a
 generous band), its queue is bounded (back-pressure reaches the sender), and bad
@@ -20,7 +21,6 @@ import pytest
 from bench.link import LinkSpec, LinkSpecError, parse_link
 from bench.wan import LinkProcess, Server, Sink, raw_push
 
-pytestmark = pytest.mark.fast
 MiB = 1 << 20
 
 
@@ -42,6 +42,7 @@ def recv_exactly(s: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
+@pytest.mark.fast
 def test_parse_link_reads_rtt_rate_and_queue():
     assert parse_link("rtt=100ms,rate=1gbit") == LinkSpec(0.1, 125e6, 0)
     spec = parse_link(" rtt=0.2s , rate=100mbit, queue=16MiB ")
@@ -55,6 +56,7 @@ def test_parse_link_reads_rtt_rate_and_queue():
     assert parse_link(spec.text()) == spec                        # the text form reads back
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("spec, words", [
     ("rate=1gbit", "has no rtt"),
     ("rtt=100,rate=1gbit", "bad rtt '100': expected a number with us, ms or s"),
