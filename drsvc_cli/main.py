@@ -371,7 +371,8 @@ def cmd_worker(args, out: Output):
 def cmd_scheduler(args, out: Output):
     from workers.scheduler import main
     _config(args.config)
-    return main(["--config", args.config, "--node", args.node])
+    return main(["--config", args.config, "--node", args.node]
+                + (["--heartbeat", args.heartbeat] if args.heartbeat else []))
 
 
 def cmd_metrics(args, out: Output):
@@ -401,6 +402,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     ap = ArgParser(prog="drsvc", description="drsvc disaster-recovery runbooks",
                    epilog="exit codes: 0 ok, 1 failure, 2 usage, 3 retryable, 4 refused, 5 not found")
+    from drsvc import __version__
+    ap.add_argument("--version", action="version", version=f"drsvc {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("site", parents=[common], help="start/stop/inspect this site's processes")
     p.add_argument("action", choices=["up", "down", "status"])
@@ -458,6 +461,8 @@ def build_parser() -> argparse.ArgumentParser:
         if name in ("worker", "scheduler", "metrics"):
             p.add_argument("--node", default=os.environ.get("DRSVC_NODE", ""),
                            help="a multi-node site: this storage node's name in [nodes] (default: $DRSVC_NODE)")
+        if name == "scheduler":
+            p.add_argument("--heartbeat", help="a file touched on every loop (liveness: python -m workers.probe)")
         if name == "worker":
             p.add_argument("--role", choices=("data", "control", "api"), default="data",
                            help="data: syncs (and control when idle); control: only the control queue; "

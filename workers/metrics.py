@@ -13,6 +13,8 @@ from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFam
 from drsvc.config import SiteConfig, load
 from drsvc.site import Site
 
+from .titles import set_title
+
 log = logging.getLogger("workers.metrics")
 PREFIX = "drsvc_replication"
 
@@ -93,6 +95,7 @@ def main(argv=None) -> int:
         ap.error(f"{args.config} lists [nodes]: give --node (or DRSVC_NODE), the node whose units to export")
     if not cfg.metrics_port:
         ap.error(f"{args.config} sets no metrics_port")
+    set_title("metrics", cfg)
     serve(cfg, address=args.address)
     log.info("serving /metrics for site %s on %s:%d", cfg.site, args.address, cfg.metrics_port)
     stop = threading.Event()
