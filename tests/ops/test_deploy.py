@@ -193,7 +193,7 @@ def _allows(rules, group: str, resource: str, verbs: set) -> set:
 def test_service_accounts_cover_their_sidecars(renders):
     seen = set()
     for name, objs in renders.items():
-        for wl, spec in pods(objs):
+        for _wl, spec in pods(objs):
             sa = spec.get("serviceAccountName", "default")
             rules = _rules_of(objs, sa)
             for c in spec["containers"]:
@@ -246,7 +246,7 @@ def test_redis_password_is_given_once(renders):
     for name, objs in renders.items():
         cfg = site_config(objs)
         assert "@" not in cfg["redis_url"], (name, cfg["redis_url"])
-        for wl, spec in pods(objs):
+        for _wl, spec in pods(objs):
             for c in spec["containers"]:
                 cmd = " ".join(c.get("command", []))
                 talks = any(w in cmd for w in ("csi_plugin", "drsvc worker", "drsvc scheduler", "redis-server"))
