@@ -173,3 +173,61 @@ def test_one_scheduler_acts(lab):
         os.killpg(second.pid, signal.SIGTERM)
         out = second.communicate(timeout=20)[0].decode()
     assert out.count("is leader") == 1, out
+
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "drsvc-dashboard.json"
+
+
+def _names(scraped: dict) -> set:
+    return {k.split("{")[0] for k in scraped}
+
+
+def test_counters_data_age_and_the_dashboard(lab):
+    """syncs_total{result} and sent_bytes_total count in the sync outcome record, so a restart of
+    the metrics process keeps them; data age at the secondary, lag at the primary; and every
+    metric the Grafana dashboard queries is on a real site's /metrics."""
+    A = lab.clients["a"]
+    sa, sb = lab.sites["a"], lab.sites["b"]
+    vol = A.create_volume("counted", 64 << 20).volume_id
+    write_random(sa, vol, seed=7)
+    A.retry("EnableVolumeReplication", volume_id=vol, parameters={"schedulingInterval": "2s"})
+    wait_for(lambda: generation(sb, vol) >= 3, 90, what="three syncs at b")
+    ka = f'site="a",unit="{vol}",kind="volume",peer="b"'
+    kb = f'site="b",unit="{vol}",kind="volume",peer="a"'
+    wait_port(sa.cfg.metrics_port)
+    m1 = Metrics(scrape(sa.cfg.metrics_port))
+    ok1 = m1[f'drsvc_replication_syncs_total{{{ka},result="success"}}']
+    sent1 = m1[f"drsvc_replication_sent_bytes_total{{{ka}}}"]
+    assert ok1 >= 3 and m1[f'drsvc_replication_syncs_total{{{ka},result="failure"}}'] == 0
+    assert sent1 >= m1[f"drsvc_replication_last_sync_bytes{{{ka}}}"] > 0
+    # lag at the primary, data age at the secondary: one meaning per name
+    assert m1.get(_norm(f"drsvc_replication_lag_seconds{{{ka}}}")) is not None
+    assert m1.get(_norm(f"drsvc_replication_data_age_seconds{{{ka}}}")) is None
+    wait_port(sb.cfg.metrics_port)
+    mb = Metrics(scrape(sb.cfg.metrics_port))
+    assert mb.get(_norm(f"drsvc_replication_lag_seconds{{{kb}}}")) is None
+    assert mb[f"drsvc_replication_data_age_seconds{{{kb}}}"] >= 0
+
+    # a restart of the metrics process: the counters go on from where they were
+    sa.run.stop("metrics")
+    sa.run.start("metrics")
+    wait_port(sa.cfg.metrics_port)
+    m2 = Metrics(scrape(sa.cfg.metrics_port))
+    assert m2[f'drsvc_replication_syncs_total{{{ka},result="success"}}'] >= ok1
+    assert m2[f"drsvc_replication_sent_bytes_total{{{ka}}}"] >= sent1
+    write_random(sa, vol, count=4, seed=8)
+    wait_for(lambda: Metrics(scrape(sa.cfg.metrics_port))[f"drsvc_replication_sent_bytes_total{{{ka}}}"]
+             >= sent1 + 4 * 65536, 60, what="the changed blocks counted as sent")
+
+    # the peer away: failures count, under result="failure" too
+    lab.stop_sshd("b")
+    try:
+        wait_for(lambda: Metrics(scrape(sa.cfg.metrics_port))[f'drsvc_replication_syncs_total{{{ka},result="failure"}}']
+                 >= 1, 90, what="a failed sync counted")
+    finally:
+        lab.start_sshd("b")
+
+    queried = set(re.findall(r"\b(drsvc_[a-z_]+)", DASHBOARD.read_text()))
+    served = _names(m2) | _names(mb)
+    assert queried and queried <= served, f"the dashboard queries {sorted(queried - served)}, not on /metrics"
+    json.loads(DASHBOARD.read_text())
