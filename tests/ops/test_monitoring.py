@@ -211,8 +211,13 @@ def test_counters_data_age_and_the_dashboard(lab):
     # a restart of the metrics process: the counters go on from where they were
     sa.run.stop("metrics")
     sa.run.start("metrics")
-    wait_port(sa.cfg.metrics_port)
-    m2 = Metrics(scrape(sa.cfg.metrics_port))
+
+    def scraped():
+        try:
+            return Metrics(scrape(sa.cfg.metrics_port))
+        except OSError:             # not listening yet, or still starting
+            return None
+    m2 = wait_for(scraped, 60, interval=0.5, what="the restarted metrics process")
     assert m2[f'drsvc_replication_syncs_total{{{ka},result="success"}}'] >= ok1
     assert m2[f"drsvc_replication_sent_bytes_total{{{ka}}}"] >= sent1
     write_random(sa, vol, count=4, seed=8)
