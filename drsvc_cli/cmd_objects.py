@@ -6,6 +6,22 @@ from .context import client, resolve
 from .errors import UsageError
 
 
+# noun -> (list, delete, the id's key, what a delete removes)
+def _verbs(c):
+    return {"volume": (c.list_volumes, c.delete_volume, "volume_id", "volume {} deleted"),
+            "group": (c.list_groups, c.delete_group, "group_id", "group {} and its volumes deleted")}
+
+
+def _list_or_delete(args, out, c, site: str, noun: str):
+    listing, delete, key, said = _verbs(c)[noun]
+    if args.action == "list":
+        return out.result(f"{noun} list", listing())
+    ident = resolve(c, noun, getattr(args, key), must_exist=True)
+    delete(ident)
+    return out.change(f"{noun} delete", site, True, f"site {site}: " + said.format(ident),
+                      {key: ident, "deleted": True})
+
+
 def cmd_volume(args, out):
     if args.action == "create":
         try:
@@ -14,13 +30,8 @@ def cmd_volume(args, out):
             raise UsageError(str(e)) from None
     with client(args) as c:
         site = c.site()
-        if args.action == "list":
-            return out.result("volume list", c.list_volumes())
-        if args.action == "delete":
-            vid = resolve(c, "volume", args.volume_id, must_exist=True)
-            c.delete_volume(vid)
-            return out.change("volume delete", site, True, f"site {site}: volume {vid} deleted",
-                              {"volume_id": vid, "deleted": True})
+        if args.action != "create":
+            return _list_or_delete(args, out, c, site, "volume")
         group = resolve(c, "group", args.group, must_exist=True) if args.group else ""
         had = {v["volume_id"] for v in c.list_volumes()}
         v = c.create_volume(args.name, size, fs_type=args.fs_type, group_id=group)
@@ -34,13 +45,8 @@ def cmd_volume(args, out):
 def cmd_group(args, out):
     with client(args) as c:
         site = c.site()
-        if args.action == "list":
-            return out.result("group list", c.list_groups())
-        if args.action == "delete":
-            gid = resolve(c, "group", args.group_id, must_exist=True)
-            c.delete_group(gid)
-            return out.change("group delete", site, True, f"site {site}: group {gid} and its volumes deleted",
-                              {"group_id": gid, "deleted": True})
+        if args.action != "create":
+            return _list_or_delete(args, out, c, site, "group")
         had = {g["group_id"] for g in c.list_groups()}
         g = c.create_group(args.name)
         changed = g["group_id"] not in had

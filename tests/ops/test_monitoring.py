@@ -97,9 +97,13 @@ def test_flower_shows_replication_tasks_without_secrets(lab, tmp_path):
     wait_for(lambda: generation(sa, vol) >= 2, 60, what="syncs")
     port = free_port()
     env = dict(os.environ, FLOWER_UNAUTHENTICATED_API="true")
-    with open(tmp_path / "flower.log", "wb") as log:
-        p = subprocess.Popen([sys.executable, "-m", "drsvc_cli.main", "flower", "--config", str(sa.config_path),
-                              "--port", str(port)], env=env, stdout=log, stderr=log, start_new_session=True)
+
+    def flower():
+        with open(tmp_path / "flower.log", "ab") as log:
+            return subprocess.Popen([sys.executable, "-m", "drsvc_cli.main", "flower", "--config",
+                                     str(sa.config_path), "--port", str(port)], env=env, stdout=log, stderr=log,
+                                    start_new_session=True)
+    p = flower()
     try:
         wait_port(port, 30)
 
@@ -125,6 +129,19 @@ def test_flower_shows_replication_tasks_without_secrets(lab, tmp_path):
         shot.parent.mkdir(parents=True, exist_ok=True)
         r = _headless(tool, f"--screenshot={shot}", "--window-size=1600,900", f"http://127.0.0.1:{port}/tasks")
         assert r.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", r.stderr[-2000:]
+        # a scheduled sync's slot reads as a time, not epoch seconds
+        scheduled = [t for t in done if "schedule" in (t.get("kwargs") or "")]
+        assert scheduled and all(re.search(r"'scheduled_at': '\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC'", t["kwargs"])
+                                 for t in scheduled), [t.get("kwargs") for t in done]
+        # history is kept in the site's run directory: a restarted Flower still lists these tasks
+        seen = {t["uuid"] for t in done}
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(timeout=30)
+        assert list(sa.run.run_dir.glob("flower.db*")), sorted(sa.run.run_dir.iterdir())
+        p = flower()
+        wait_port(port, 30)
+        kept = urllib.request.urlopen(f"http://127.0.0.1:{port}/api/tasks?limit=1000", timeout=10).read()
+        assert seen <= set(json.loads(kept)), "Flower lost its history on restart"
     finally:
         os.killpg(p.pid, signal.SIGTERM)
         p.wait(timeout=20)
