@@ -19,6 +19,7 @@ versions deploy/base/kustomization.yaml pins):
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -78,6 +79,10 @@ NEEDS = {
 def kubectl() -> str:
     path = shutil.which("kubectl")
     assert path, "kubectl is missing: run scripts/setup.sh (Debian's kubernetes-client)"
+    p = subprocess.run([path, "version", "--client", "-o", "json"], capture_output=True, text=True, timeout=60)
+    minor = int(json.loads(p.stdout)["clientVersion"]["minor"].rstrip("+")) if p.returncode == 0 else 0
+    assert minor >= 21, (f"{path} is kubectl 1.{minor}, whose kustomize (v2) has no components: deploy/ needs "
+                         "kubectl 1.21+ (kustomize v4+)")
     return path
 
 
