@@ -249,6 +249,13 @@ def test_counters_data_age_and_the_dashboard(lab):
     finally:
         lab.start_sshd("b")
 
+    # promtool's linter is content with both sites' pages (counters end in _total, every metric has help)
+    for site in (sa, sb):
+        page = urllib.request.urlopen(f"http://127.0.0.1:{site.cfg.metrics_port}/metrics", timeout=10).read()
+        lint = subprocess.run([shutil.which("promtool") or "promtool", "check", "metrics"], input=page,
+                              capture_output=True, timeout=60)
+        assert lint.returncode == 0, lint.stdout.decode() + lint.stderr.decode()
+
     queried = set(re.findall(r"\b(drsvc_[a-z_]+)", DASHBOARD.read_text()))
     served = _names(m2) | _names(mb)
     assert queried and queried <= served, f"the dashboard queries {sorted(queried - served)}, not on /metrics"
