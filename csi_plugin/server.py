@@ -137,6 +137,8 @@ def main(argv=None) -> int:
         cfg = load_config(Path(args.config), node=args.node)
         from workers.app import make_app
         from workers.client import CeleryDispatcher
+        from workers.titles import set_title
+        set_title("plugin", cfg)
         site = Site.from_config(cfg, dispatcher=CeleryDispatcher(make_app(cfg)))
         endpoint = args.endpoint or cfg.endpoint
     else:
@@ -162,6 +164,8 @@ def _serve_controller(ap, args) -> int:
         ap.error(f"{args.config} lists no [nodes]: a one-node site's plugin is its controller")
     from workers.app import make_app
     from workers.client import NodeDispatcher
+    from workers.titles import set_title
+    set_title("controller", cfg)
     ctl = ClusterController(cfg, NodeDispatcher(make_app(cfg)))
     endpoint = args.endpoint or cfg.endpoint
     if not endpoint:
