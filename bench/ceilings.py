@@ -20,6 +20,7 @@ import fcntl
 import os
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -48,17 +49,51 @@ def _drsvc_channel(site, nbytes: int) -> float:
     try:
         block = memoryview(os.urandom(MiB))
         t = time.monotonic()
-        for _ in range(nbytes // MiB):
-            chan.send(block)
-        chan.close_write()
-        out = b""
-        while piece := chan.recv(1 << 16):
-            out += piece
+        out = _push(chan, block, nbytes)
         dt = time.monotonic() - t
     finally:
         chan.close()
         peer.drop()
     return _sink_rate(out, nbytes, dt)
+
+
+def _push(chan, block: memoryview, nbytes: int) -> bytes:
+    """Send *nbytes* (whole MiB blocks) down *chan* to the SINK, then read what it counted."""
+    for _ in range(nbytes // MiB):
+        chan.send(block)
+    chan.close_write()
+    out = b""
+    while piece := chan.recv(1 << 16):
+        out += piece
+    return out
+
+
+def paramiko_channels(site, n: int, nbytes: int) -> float:
+    """MiB/s of *n* channels of one paramiko connection (drsvc's SshPeer), each pushing
+    nbytes / n to its own SINK at once: what striping one sync over n channels could reach."""
+    from drsvc.transport.ssh import SshPeer
+    peer = SshPeer("127.0.0.1", port=site.port, key_file=site.plain_key, known_hosts=site.known_hosts)
+    each = nbytes // n // MiB * MiB
+    chans = [peer.open(sys.executable, "-c", SINK) for _ in range(n)]
+    block = memoryview(os.urandom(MiB))
+    outs: list = [None] * n
+    try:
+        def run(i):
+            outs[i] = _push(chans[i], block, each)
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+        t = time.monotonic()
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        dt = time.monotonic() - t
+    finally:
+        for c in chans:
+            c.close()
+        peer.drop()
+    for out in outs:
+        _sink_rate(out, each, dt)
+    return n * each / dt / MiB
 
 
 def _openssh_channel(site, nbytes: int) -> float:
@@ -130,16 +165,3 @@ def extent_costs(image: Path, phases: list[dict], ranges: list[int]) -> dict:
         out["precopy_us_per_range"] = round(statistics.median(p / r for p, _, r in per) * 1e6, 1)
         out["adopt_us_per_range"] = round(statistics.median(a / r for _, a, r in per) * 1e6, 1)
     return out
-
-
-def channel_text(ch: dict) -> str:
-    """One line of a ``channel`` result (JSON lines written before disk_write lack it)."""
-    disk = f"; the peer's pool writes {ch['disk_write_mb_s']:.0f} MB/s" if "disk_write_mb_s" in ch else ""
-    return f"an SSH channel alone: {ch['drsvc_mb_s']:.0f} MB/s drsvc's, {ch['openssh_mb_s']:.0f} MB/s OpenSSH's{disk}"
-
-
-def extents_text(ec: dict) -> str:
-    """One line of an ``extent_costs`` result."""
-    per = (f", {ec['ranges_cloned']} ranges cloned at <= {ec['precopy_us_per_range']:.0f} us (capture) and "
-           f"{ec['adopt_us_per_range']:.0f} us (adopt) each" if "adopt_us_per_range" in ec else "")
-    return f"image of {ec['extents']} extents, one FIEMAP {ec['fiemap_s']:.3f} s{per}"

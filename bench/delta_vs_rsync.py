@@ -1,6 +1,7 @@
 """drsvc block deltas vs rsync over OpenSSH, on the same data.
 
     python -m bench.delta_vs_rsync [--json] [--repeat 3] [--warm] [--cases full,1pct,...]
+                                   [--link rtt=100ms,rate=1gbit [--full-mib 1024]]
 
 Builds a loop-mounted XFS with two pools, starts a loopback sshd (the
 replication key bound to our receiver, plus an unrestricted key for rsync) and
@@ -15,6 +16,19 @@ in the same run:
   idle    a few KiB changed, in a warm worker, >= 10 syncs (bench/idle.py)
   many    50 volumes of 256 MiB, 1% each, synced by ONE Celery worker through the real
           Celery path (own lab: redis, sshd, worker; bench/many.py), beside 50 rsync runs
+  dbpages 10% of the 8 KiB pages of a database-like image rewritten, pages that zstd
+          compresses about 2:1 (bench/dbpages.py), beside rsync --compress
+  failover a planned failover with 8 MiB unsynced: DemoteVolume at a (its final sync),
+          PromoteVolume at b, over gRPC (own lab, every component up; bench/failover.py)
+
+--link rtt=R,rate=X (bench/link.py, bench/wan.py): site a reaches b's sshd through
+a link emulator in its own process (drsvc's SSH peer, rsync's ssh, the many and
+failover labs' peers too), each case reports its floor over the link (wire bytes
+/ rate + RTT), its data floor (changed / rate + RTT) and drsvc's and rsync's
+ratios to the floor; beside `full`, the emulator's own ceiling (a raw TCP push)
+and 1 and 8 paramiko channels through it. The images the delta cases start from
+are copied to b over loopback (untimed): over the link only what is timed.
+Default cases: full,1pct,idle,many,failover,dbpages.
 
 drsvc syncs run in a warm bench worker (bench/worker.py), one per case: a
 long-lived process that keeps the engine imported and its SSH session and warm
@@ -42,8 +56,13 @@ from pathlib import Path
 from . import ceilings
 from .harness import GiB, MiB, RSYNC_DELTA, CaseResult, Run, measure, rewrite_blocks, run_rsync, same_content
 from .harness import write_random
+from .link import LinkSpecError, parse_link
+from .wan import add_floors, bench_link, wan_ceilings
+from .worker import seed_copy
 
-ALL_CASES = "full,1pct,10pct,thin,aged,idle,many"
+LAN_CASES = "full,1pct,10pct,thin,aged,idle,many"
+WAN_CASES = "full,1pct,idle,many,failover,dbpages"
+ALL_CASES = LAN_CASES + ",failover,dbpages"
 
 
 @dataclass
@@ -58,6 +77,9 @@ class Context:
     cold: object            # site.Cold: makes caches cold (does nothing with --warm)
     tmp: Path
     warmup_unit: str = "warmup"
+    link: object = None     # link.LinkSpec with --link
+    direct: object = None   # the site over loopback (seeding), when `site` is reached through the link
+    emulator: object = None  # (wan.LinkProcess, wan.Sink) with --link
 
     @property
     def is_cold(self) -> bool:
@@ -138,21 +160,40 @@ def thin_image(ctx: Context) -> tuple[Path, list]:
     return thin, [(s * MiB, MiB) for s in slots]
 
 
-def run_cases(ctx: Context, wanted: set) -> list[dict]:
+def full_case(ctx: Context, wanted: set) -> CaseResult:
+    """The initial copy of --full-mib (default: the image of the delta cases, which it then
+    seeds; a separate image when the sizes differ, the delta cases' then seeded by seed_copy)."""
     args, size = ctx.args, int(ctx.args.size_gib * GiB)
+    img = ctx.image("bench")
+    write_random(img, size, ctx.rnd)
+    full_size = args.full_mib * MiB if args.full_mib else size
+    src = img if full_size == size else ctx.image("full")
+    if src != img:
+        write_random(src, full_size, ctx.rnd)
+    res = copy_case(ctx, "full", src, full_size, [(0, full_size)], ["--whole-file", "--inplace"])
+    if "full" in wanted and args.channel_mib:
+        res.extra["channel"] = ceilings.channel(ctx.site, runs=args.repeat, nbytes=args.channel_mib * MiB)
+        if ctx.emulator:
+            res.extra["wan_ceilings"] = wan_ceilings(ctx.site, *ctx.emulator, runs=args.repeat,
+                                                     nbytes=args.channel_mib * MiB)
+    if src != img and wanted & {"1pct", "10pct"}:
+        seed_copy(ctx, img)
+    return res
+
+
+def run_cases(ctx: Context, wanted: set) -> list[dict]:
+    args = ctx.args
     img = ctx.image("bench")
     out = []
 
     def done(res: CaseResult):
+        if ctx.link is not None:
+            add_floors(res, ctx.link)
         res.print()
         out.append(res.to_dict())
 
     if wanted & {"full", "1pct", "10pct"}:
-        write_random(img, size, ctx.rnd)
-        res = copy_case(ctx, "full", img, size, [(0, size)], ["--whole-file", "--inplace"])
-        if "full" in wanted and args.channel_mib:
-            res.extra["channel"] = ceilings.channel(ctx.site, runs=args.repeat, nbytes=args.channel_mib * MiB)
-        done(res)
+        done(full_case(ctx, wanted))
     for name, fraction in (("1pct", 0.01), ("10pct", 0.10)):
         if name in wanted:
             res = delta_case(ctx, name, "bench", fraction)
@@ -167,6 +208,9 @@ def run_cases(ctx: Context, wanted: set) -> list[dict]:
     if "idle" in wanted:
         from .idle import idle_case
         done(idle_case(ctx))
+    if "dbpages" in wanted:
+        from .dbpages import dbpages_case
+        done(dbpages_case(ctx))
     return out
 
 
@@ -174,6 +218,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.delta_vs_rsync")
     ap.add_argument("--json", action="store_true", help="end with one JSON line")
     ap.add_argument("--size-gib", type=float, default=1.0, help="image of full/1pct/10pct/aged")
+    ap.add_argument("--full-mib", type=int, default=0,
+                    help="size of the full case's copy (default: the --size-gib image)")
     ap.add_argument("--thin-gib", type=float, default=10.0)
     ap.add_argument("--thin-mib", type=int, default=100, help="MiB written in the thin image")
     ap.add_argument("--aged-rounds", type=int, default=30)
@@ -182,53 +228,92 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--idle-syncs", type=int, default=12)
     ap.add_argument("--many-count", type=int, default=50)
     ap.add_argument("--many-mib", type=int, default=256)
-    ap.add_argument("--channel-mib", type=int, default=512,
-                    help="MiB pushed per run through drsvc's and OpenSSH's channel alone (full case; 0: skip)")
+    ap.add_argument("--db-mib", type=int, default=256, help="image size of the dbpages case")
+    ap.add_argument("--db-pct", type=float, default=10.0, help="percent of its pages rewritten per run")
+    ap.add_argument("--failover-mib", type=int, default=8, help="MiB written after the last sync")
+    ap.add_argument("--failover-volume-mib", type=int, default=64)
+    ap.add_argument("--channel-mib", type=int, default=None,
+                    help="MiB pushed per run through an SSH channel alone, and with --link through the "
+                         "emulator (full case; 0: skip; default 512, with --link 64)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per case (best and median reported)")
     ap.add_argument("--warm", action="store_true",
                     help="leave page caches as they are (default: every run starts cold)")
     ap.add_argument("--drop-caches", choices=("files", "global"), default="files",
                     help="how to make caches cold: per file and loop backing file (default), "
                          "or sync; echo 3 > /proc/sys/vm/drop_caches")
-    ap.add_argument("--cases", default=ALL_CASES)
+    ap.add_argument("--link", default=None, metavar="rtt=100ms,rate=1gbit[,queue=16MiB]",
+                    help="site a reaches b through a link emulator (bench/link.py)")
+    ap.add_argument("--cases", default=None, help=f"default {LAN_CASES}; with --link {WAN_CASES}")
     ap.add_argument("--no-rsync", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    try:
+        args.link = parse_link(args.link) if args.link is not None else None
+    except LinkSpecError as e:
+        ap.error(f"--link: {e}")
+    if args.cases is None:
+        args.cases = WAN_CASES if args.link else LAN_CASES
+    if args.channel_mib is None:
+        args.channel_mib = 64 if args.link else 512
     unknown = set(args.cases.split(",")) - set(ALL_CASES.split(","))
     if unknown:
         ap.error(f"unknown cases {sorted(unknown)}; known: {ALL_CASES}")
     return args
 
 
-def main(argv=None) -> int:
-    args = parse(argv)
+def pool_cases(args, rnd, wanted: set) -> list[dict]:
+    """Every case but the labs' (many, failover): one XFS with pools a and b, one sshd."""
     from .site import Cold, backing_file, loop_mounted_xfs, sshd_site
-    rnd = random.Random(42)
-    wanted = set(args.cases.split(","))
-    cases: list[dict] = []
-    if wanted - {"many"}:
-        with loop_mounted_xfs("40G") as mnt, tempfile.TemporaryDirectory(prefix="drsvc-bench-") as tmp:
-            a, b, r = mnt / "a", mnt / "b", mnt / "rsync"
-            for d in (a / "images", b / "images", r):
-                d.mkdir(parents=True)
-            cold = Cold([mnt], [backing_file(mnt)], "off" if args.warm else args.drop_caches)
-            with sshd_site(b) as site:
-                ctx = Context(args, rnd, a, b, r, site, cold, Path(tmp))
-                write_random(ctx.image(ctx.warmup_unit), MiB, rnd)
-                cases += run_cases(ctx, wanted)
+    with loop_mounted_xfs("40G") as mnt, tempfile.TemporaryDirectory(prefix="drsvc-bench-") as tmp:
+        a, b, r = mnt / "a", mnt / "b", mnt / "rsync"
+        for d in (a / "images", b / "images", r):
+            d.mkdir(parents=True)
+        cold = Cold([mnt], [backing_file(mnt)], "off" if args.warm else args.drop_caches)
+        with sshd_site(b) as site, bench_link(args.link, site) as (reached, link, sink):
+            ctx = Context(args, rnd, a, b, r, reached, cold, Path(tmp), link=args.link, direct=site,
+                          emulator=(link, sink) if link else None)
+            write_random(ctx.image(ctx.warmup_unit), MiB, rnd)
+            return run_cases(ctx, wanted)
+
+
+def lab_cases(args, rnd, wanted: set) -> list[dict]:
+    """many and idle_celery (bench/many.py), failover (bench/failover.py): labs of their own."""
+    out = []
+    runs = []
     if "many" in wanted:
         from .many import many_case
-        for res in many_case(args, rnd):
-            res.print()
-            cases.append(res.to_dict())
+        runs += many_case(args, rnd)
+    if "failover" in wanted:
+        from .failover import failover_case
+        runs.append(failover_case(args, rnd))
+    for res in runs:
+        if args.link is not None:
+            add_floors(res, args.link)
+        res.print()
+        out.append(res.to_dict())
+    return out
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    rnd = random.Random(42)
+    wanted = set(args.cases.split(","))
+    load0 = list(os.getloadavg())
+    cases: list[dict] = []
+    if wanted - {"many", "failover"}:
+        cases += pool_cases(args, rnd, wanted)
+    cases += lab_cases(args, rnd, wanted)
     print("caches: " + ("warm (as left: changed blocks just written)" if args.warm else
                         f"cold ({args.drop_caches}): before the floor, drsvc and rsync of every run"))
     rss = {"sender": max((c["peak_rss_bytes"]["sender"] for c in cases), default=0),
            "receiver": max((c["peak_rss_bytes"]["receiver"] for c in cases), default=0)}
     print(f"peak RSS over all cases: sender {rss['sender'] / MiB:.1f} MiB, receiver {rss['receiver'] / MiB:.1f} MiB")
+    lk = args.link
+    link = {"spec": lk.text(), "rtt_s": lk.rtt, "rate_bytes_s": lk.rate, "queue_bytes": lk.queue_bytes} if lk else None
+    print(f"load average at start {load0}, at end {list(os.getloadavg())}" + (f"; link {lk.text()}" if lk else ""))
     if args.json:
         print(json.dumps({"cases": cases, "peak_rss_bytes": rss, "cold": not args.warm,
                           "drop_caches": None if args.warm else args.drop_caches, "repeat": args.repeat,
-                          "loadavg": list(os.getloadavg())}))
+                          "link": link, "loadavg_start": load0, "loadavg": list(os.getloadavg())}))
     return 0
 
 

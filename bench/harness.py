@@ -19,6 +19,8 @@ from pathlib import Path
 
 from drsvc import runner
 
+from .texts import channel_text, extents_text, link_text, wan_ceilings_text
+
 MiB, GiB = 1 << 20, 1 << 30
 BS = 4096
 RSYNC_DELTA = ["--inplace", "--no-whole-file", "--ignore-times"]
@@ -160,11 +162,15 @@ class CaseResult:
         print(f"           phase medians {d['drsvc_phases_median']}; peak RSS sender "
               f"{self.rss['sender'] / MiB:.1f} MiB, receiver {self.rss['receiver'] / MiB:.1f} MiB; "
               f"replica matches source: {self.verified}", flush=True)
-        from .ceilings import channel_text, extents_text   # ceilings imports this module
         if ch := self.extra.get("channel"):
             print(f"           ceiling: {channel_text(ch)} (medians of {len(ch['runs']['drsvc'])})", flush=True)
+        if wc := self.extra.get("wan_ceilings"):
+            print(f"           ceiling: {wan_ceilings_text(wc)} (medians of {len(wc['runs']['emulator'])})",
+                  flush=True)
         if ec := self.extra.get("extent_costs"):
             print(f"           kernel: {extents_text(ec)}", flush=True)
+        if lk := self.extra.get("link"):
+            print(f"           {lk['spec']}: {link_text(lk)}", flush=True)
 
 
 def measure(res: CaseResult, repeat: int, *, change: Callable[[int], Run], drsvc: Callable[[int], dict],

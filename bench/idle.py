@@ -13,7 +13,7 @@ from .harness import write_random
 
 
 def idle_case(ctx) -> CaseResult:
-    from .worker import case_worker
+    from .worker import case_worker, seed
     args = ctx.args
     res = CaseResult("idle", False)          # warm by definition: no floor
     unit = "idle"
@@ -21,10 +21,8 @@ def idle_case(ctx) -> CaseResult:
     write_random(img, args.idle_mib * MiB, ctx.rnd)
     blocks = max(1, args.idle_kib // 4)
     with case_worker(ctx, res) as w:
-        w.sync(ctx.a, unit)                                   # the initial copy (untimed)
+        seed(ctx, w, img)                                     # the initial copies (untimed)
         w.sync(ctx.a, unit)                                   # and one with nothing changed
-        if not args.no_rsync:
-            run_rsync(ctx.site, img, ctx.rsync_dest(img), ["--whole-file", "--inplace"])
 
         def change(i):
             offs = rewrite_blocks(img, 0, ctx.rnd, count=blocks)

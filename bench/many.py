@@ -18,12 +18,14 @@ sees), and the worker's own duration of the sync job.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from drsvc import runner
@@ -89,102 +91,149 @@ def _sync_all(app, dispatcher, vids, pool, timeout: float) -> dict:
                        "phases": phase_medians(phases)}}
 
 
+@dataclass
+class ManyLab:
+    """What the many and idle_celery cases run on: the lab, site a's request side, the
+    volumes, and the sshd rsync uses (each reached through the link with --link)."""
+    args: object
+    rnd: object
+    lab: object
+    rsite: object
+    app: object = None
+    dispatcher: object = None
+    vids: list = field(default_factory=list)
+    img: dict = field(default_factory=dict)
+
+    @property
+    def pool(self) -> Path:
+        return self.lab.sites["a"].pool
+
+    def replica(self, vid: str) -> Path:
+        return self.lab.sites["b"].pool / "images" / f"{vid}.img"
+
+    def volumes(self):
+        """--many-count volumes at a: one of random data, the others reflink clones of it;
+        each enabled for replication through the request side; waits for the initial syncs."""
+        from drsvc.model import BLOCK, Capability, ContentSource
+        from drsvc.replication.state import find_state
+        from drsvc.site import Site
+        from workers.app import make_app
+        from workers.client import CeleryDispatcher
+        n, size = self.args.many_count, self.args.many_mib * MiB
+        cfg = self.lab.sites["a"].cfg
+        self.app = make_app(cfg)
+        self.dispatcher = CeleryDispatcher(self.app)
+        site = Site.from_config(cfg, dispatcher=self.dispatcher, rpc_wait=600)
+        caps = [Capability(BLOCK, "SINGLE_NODE_WRITER")]
+        base = site.volumes.create_volume("many-000", required_bytes=size, capabilities=caps)
+        write_random(site.pool.image(base.volume_id), base.capacity_bytes, self.rnd)
+        vols = [base] + [site.volumes.create_volume(f"many-{i:03}", required_bytes=size, capabilities=caps,
+                                                    source=ContentSource("volume", base.volume_id))
+                         for i in range(1, n)]
+        self.vids = [v.volume_id for v in vols]
+        self.img = {vid: site.pool.image(vid) for vid in self.vids}
+        t = time.monotonic()
+        for vid in self.vids:
+            site.replication.requests.enable(site.status.resolve("volume", vid), {"schedulingInterval": "1h"})
+
+        def initial_done():
+            return all((st := find_state(self.pool, vid)) is not None and st.generation >= 1 for vid in self.vids)
+        _wait(initial_done, 120 + n * (size / (50 * MiB) + 2), "the initial syncs")
+        return round(time.monotonic() - t, 3)
+
+
+def measure_many(m: ManyLab, res: CaseResult, cold) -> None:
+    """Per run: 1% of every volume rewritten, all queued at once; rsync of each beside."""
+    args, rdir = m.args, m.lab.sites["b"].pool.parent / "rsync"
+    rdir.mkdir(exist_ok=True)
+    for vid in m.vids:
+        runner.run(["cp", "--reflink=always", m.replica(vid), rdir / f"{vid}.img"])
+
+    def change(i):
+        files = [(m.img[vid], coalesce(rewrite_blocks(m.img[vid], 0.01, m.rnd))) for vid in m.vids]
+        return Run(sum(ln for _, ranges in files for _, ln in ranges), files)
+    durations = []
+
+    def drsvc(i):
+        out = _sync_all(m.app, m.dispatcher, m.vids, m.pool, timeout=600 + len(m.vids) * 30)
+        durations.extend(out["durations"])
+        return out
+
+    def rsync(i):
+        t = time.monotonic()
+        wire = sum(run_rsync(m.rsite, m.img[vid], rdir / f"{vid}.img", RSYNC_DELTA)[1] for vid in m.vids)
+        return time.monotonic() - t, wire
+    measure(res, args.repeat, make_cold=cold, change=change, drsvc=drsvc, rsync=None if args.no_rsync else rsync)
+    n = len(m.vids)
+    res.extra.update({
+        "units": n, "volume_bytes": args.many_mib * MiB, "worker_concurrency": 1,
+        "syncs_per_s": stats([n / w for w in res.drsvc]),
+        "rsync_runs_per_s": stats([n / w for w in res.rsync]) if res.rsync else None,
+        "per_sync_worker_s": {"median": round(statistics.median(durations), 4),
+                              "max": round(max(durations), 4), "syncs": len(durations)}})
+    res.verified = all(same_content(m.img[vid], m.replica(vid), *([] if args.no_rsync else [rdir / f"{vid}.img"]))
+                       for vid in m.vids)
+
+
+def measure_idle(m: ManyLab, idle: CaseResult) -> None:
+    """idle_celery: a few KiB changed, one sync at a time, in the warm worker."""
+    from drsvc.replication.state import find_state
+    vid = m.vids[0]
+    blocks = max(1, m.args.idle_kib // 4)
+    jobs_s = []
+
+    def one(i):
+        t = time.monotonic()
+        out = m.app.AsyncResult(m.dispatcher.submit("sync", vid, {"trigger": "bench"})).get(
+            timeout=600, disable_sync_subtasks=False)
+        wall = time.monotonic() - t
+        if not out.get("ok"):
+            raise RuntimeError(f"idle sync failed: {out}")
+        jobs_s.append(out["duration_s"])
+        return {"wall_s": wall, "report": {"bytes_on_wire": out["bytes_on_wire"],
+                                           "phases": find_state(m.pool, vid).reports[-1].get("phases", {})}}
+    measure(idle, max(m.args.idle_syncs, 1), make_cold=lambda: None,
+            change=lambda i: Run(len(rewrite_blocks(m.img[vid], 0, m.rnd, count=blocks)) * 4096),
+            drsvc=one, rsync=None)
+    idle.extra.update({"worker_job_s": stats(jobs_s), "image_bytes": m.args.many_mib * MiB, "goal_s": 0.030,
+                       "note": "drsvc_s: enqueue to result through Celery; worker_job_s: the job itself"})
+    idle.verified = same_content(m.img[vid], m.replica(vid))
+
+
+@contextlib.contextmanager
+def reached(args, lab, rsite):
+    """With --link: site a's peer b and rsync's sshd, each behind a route of one emulator."""
+    if args.link is None:
+        yield rsite
+        return
+    from .wan import LinkProcess, route_lab_peer, through
+    sb = lab.sites["b"]
+    with LinkProcess(args.link, [sb.sshd_port, rsite.port]) as link:
+        route_lab_peer(lab.sites["a"], "b", sb.sshd_port, link.ports[0])
+        yield through(rsite, link.ports[1])
+
+
 def many_case(args, rnd) -> list[CaseResult]:
     from drsvc.lab import Lab
-    from drsvc.model import BLOCK, Capability, ContentSource
-    from drsvc.replication.state import find_state
-    from drsvc.site import Site
-    from workers.app import make_app
-    from workers.client import CeleryDispatcher
 
     from .site import Cold, sshd_site
-
     n, size = args.many_count, args.many_mib * MiB
-    cold_ok = not args.warm
-    res = CaseResult("many", cold_ok)
+    res = CaseResult("many", not args.warm)
     idle = CaseResult("idle_celery", False)
     root = Path(tempfile.mkdtemp(prefix="drsvc-bench-many-"))
     lab = Lab(root, pool_size=f"{max(20, 2 * n * size // (1 << 30) + 8)}G", visibility_timeout=600)
     try:
         lab.build()
         sa, sb = lab.sites["a"], lab.sites["b"]
-        cfg = sa.cfg
-        app = make_app(cfg)
-        dispatcher = CeleryDispatcher(app)
-        site = Site.from_config(cfg, dispatcher=dispatcher, rpc_wait=600)
         cold = Cold([sa.pool.parent, sb.pool.parent], [sa.fs_image, sb.fs_image],
-                    args.drop_caches if cold_ok else "off")
-        rdir = sb.pool.parent / "rsync"
-        rdir.mkdir()
-        caps = [Capability(BLOCK, "SINGLE_NODE_WRITER")]
-        base = site.volumes.create_volume("many-000", required_bytes=size, capabilities=caps)
-        write_random(site.pool.image(base.volume_id), base.capacity_bytes, rnd)
-        vols = [base] + [site.volumes.create_volume(f"many-{i:03}", required_bytes=size, capabilities=caps,
-                                                    source=ContentSource("volume", base.volume_id))
-                         for i in range(1, n)]
-        vids = [v.volume_id for v in vols]
-        img = {vid: site.pool.image(vid) for vid in vids}
-        with OneWorker(cfg, root / "worker.log") as worker, \
-                PeakRss(worker.matches) as srss, PeakRss(receiver_of(sb.pool)) as rrss, \
-                sshd_site(sb.pool) as rsite:
-            t = time.monotonic()
-            for vid in vids:
-                site.replication.requests.enable(site.status.resolve("volume", vid), {"schedulingInterval": "1h"})
-
-            def initial_done():
-                return all((st := find_state(sa.pool, vid)) is not None and st.generation >= 1 for vid in vids)
-            _wait(initial_done, 120 + n * (size / (50 * MiB) + 2), "the initial syncs")
-            res.extra["initial_syncs_s"] = round(time.monotonic() - t, 3)
-            for vid in vids:
-                runner.run(["cp", "--reflink=always", sb.pool / "images" / f"{vid}.img", rdir / f"{vid}.img"])
-
-            def change(i):
-                files = [(img[vid], coalesce(rewrite_blocks(img[vid], 0.01, rnd))) for vid in vids]
-                return Run(sum(ln for _, ranges in files for _, ln in ranges), files)
-            durations = []
-
-            def drsvc(i):
-                out = _sync_all(app, dispatcher, vids, sa.pool, timeout=600 + n * 30)
-                durations.extend(out["durations"])
-                return out
-
-            def rsync(i):
-                t = time.monotonic()
-                wire = sum(run_rsync(rsite, img[vid], rdir / f"{vid}.img", RSYNC_DELTA)[1] for vid in vids)
-                return time.monotonic() - t, wire
-            measure(res, args.repeat, make_cold=cold, change=change, drsvc=drsvc,
-                    rsync=None if args.no_rsync else rsync)
-            res.extra.update({
-                "units": n, "volume_bytes": size, "worker_concurrency": 1,
-                "syncs_per_s": stats([n / w for w in res.drsvc]),
-                "rsync_runs_per_s": stats([n / w for w in res.rsync]) if res.rsync else None,
-                "per_sync_worker_s": {"median": round(statistics.median(durations), 4),
-                                      "max": round(max(durations), 4), "syncs": len(durations)}})
-            res.verified = all(same_content(img[vid], sb.pool / "images" / f"{vid}.img",
-                                            *([] if args.no_rsync else [rdir / f"{vid}.img"])) for vid in vids)
-
-            # idle_celery: a few KiB changed, one sync at a time, in the warm worker
-            vid = vids[0]
-            blocks = max(1, args.idle_kib // 4)
-            jobs_s = []
-
-            def one(i):
-                from drsvc.replication.state import find_state as fs
-                t = time.monotonic()
-                out = app.AsyncResult(dispatcher.submit("sync", vid, {"trigger": "bench"})).get(
-                    timeout=600, disable_sync_subtasks=False)
-                wall = time.monotonic() - t
-                if not out.get("ok"):
-                    raise RuntimeError(f"idle sync failed: {out}")
-                jobs_s.append(out["duration_s"])
-                return {"wall_s": wall, "report": {"bytes_on_wire": out["bytes_on_wire"],
-                                                   "phases": fs(sa.pool, vid).reports[-1].get("phases", {})}}
-            measure(idle, max(args.idle_syncs, 1), make_cold=lambda: None,
-                    change=lambda i: Run(len(rewrite_blocks(img[vid], 0, rnd, count=blocks)) * 4096),
-                    drsvc=one, rsync=None)
-            idle.extra.update({"worker_job_s": stats(jobs_s), "image_bytes": size, "goal_s": 0.030,
-                               "note": "drsvc_s: enqueue to result through Celery; worker_job_s: the job itself"})
-            idle.verified = same_content(img[vid], sb.pool / "images" / f"{vid}.img")
+                    "off" if args.warm else args.drop_caches)
+        with sshd_site(sb.pool) as plain, reached(args, lab, plain) as rsite, \
+                OneWorker(sa.cfg, root / "worker.log") as worker, \
+                PeakRss(worker.matches) as srss, PeakRss(receiver_of(sb.pool)) as rrss:
+            m = ManyLab(args, rnd, lab, rsite)
+            res.extra["initial_syncs_s"] = m.volumes()
+            measure_many(m, res, cold)
+            measure_idle(m, idle)
         res.rss = idle.rss = {"sender": srss.peak, "receiver": rrss.peak}
     finally:
         lab.teardown()

@@ -22,6 +22,7 @@ from pathlib import Path
 from drsvc import runner
 from drsvc.errors import Unavailable
 
+from .harness import run_rsync
 from .rss import vm_hwm
 
 REPO = Path(__file__).resolve().parents[1]       # `-m bench.worker` wherever the bench runs from
@@ -132,3 +133,23 @@ def case_worker(ctx, res):
         finally:
             res.rss["sender"] = max(res.rss["sender"], vm_hwm(w.pid))
     res.rss["receiver"] = max(res.rss["receiver"], rr.peak)
+
+
+def seed_copy(ctx, img: Path) -> None:
+    """The copy a delta case starts from, untimed and over loopback (not through --link):
+    a sync in a worker of its own, and a reflink copy for rsync."""
+    with SyncWorker(ctx.direct or ctx.site, ctx.tmp) as d:
+        d.sync(ctx.a, img.stem)
+    if not ctx.args.no_rsync:
+        runner.run(["cp", "--reflink=always", img, ctx.rsync_dest(img)])
+
+
+def seed(ctx, w, img: Path) -> None:
+    """A case's initial copy (untimed): in its worker and by rsync through the site, as on
+    LAN; with --link over loopback instead (seed_copy)."""
+    if ctx.link is not None:
+        seed_copy(ctx, img)
+        return
+    w.sync(ctx.a, img.stem)
+    if not ctx.args.no_rsync:
+        run_rsync(ctx.site, img, ctx.rsync_dest(img), ["--whole-file", "--inplace"])

@@ -8,6 +8,7 @@ import grpc
 from google.protobuf.duration_pb2 import Duration
 
 import drsvc
+from drsvc.controller_api import Controller, ReplicationControl
 from drsvc.errors import DrsvcError, MissingField
 
 from . import convert
@@ -24,9 +25,9 @@ GROUP_CAPS = [VG.VOLUME_GROUP, VG.LIMIT_VOLUME_TO_ONE_VOLUME_GROUP, VG.MODIFY_VO
 
 
 class AddonsIdentity(identity_pb2_grpc.IdentityServicer):
-    """*ctl* is the plugin's controller (drsvc.controller): its site name and its probe."""
+    """*ctl* is the plugin's controller: its site name and its probe."""
 
-    def __init__(self, ctl, replication_enabled: bool):
+    def __init__(self, ctl: Controller, replication_enabled: bool):
         self.ctl = ctl
         self.replication_enabled = replication_enabled
 
@@ -60,10 +61,10 @@ def _group(view) -> volumegroup_pb2.VolumeGroup:
 
 
 class VolumeGroupController(volumegroup_pb2_grpc.ControllerServicer):
-    """*ctl* is the plugin's controller (drsvc.controller.PoolController, or
-    drsvc.cluster.ClusterController on a multi-node site); *check_secrets* the config's."""
+    """*ctl* is the plugin's controller (drsvc.controller_api.Controller: PoolController, or
+    ClusterController on a multi-node site); *check_secrets* the config's."""
 
-    def __init__(self, ctl, check_secrets):
+    def __init__(self, ctl: Controller, check_secrets):
         self.ctl = ctl
         self.check_secrets = check_secrets
 
@@ -148,11 +149,11 @@ def source_of(req) -> tuple[str, str]:
 
 
 class ReplicationController(replication_pb2_grpc.ControllerServicer):
-    """*api* answers by (kind, id): drsvc.replication.api.ReplicationAPI over a pool, or
-    drsvc.cluster.ClusterReplication on a multi-node site's controller. *check_secrets*
-    is the site config's."""
+    """*api* answers by (kind, id) (drsvc.controller_api.ReplicationControl):
+    drsvc.replication.api.ReplicationAPI over a pool, or drsvc.cluster.ClusterReplication
+    on a multi-node site's controller. *check_secrets* is the site config's."""
 
-    def __init__(self, api, check_secrets):
+    def __init__(self, api: ReplicationControl, check_secrets):
         self.api = api
         self.check_secrets = check_secrets
 

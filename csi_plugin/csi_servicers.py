@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import drsvc
+from drsvc.controller_api import Controller as ControllerAPI
 from drsvc.ids import check_id, check_map
 from drsvc.errors import MissingField
 from drsvc.site import Site
@@ -37,9 +38,9 @@ CLUSTER_SERVICES = (PService.CONTROLLER_SERVICE, PService.VOLUME_ACCESSIBILITY_C
 
 
 class Identity(csi_pb2_grpc.IdentityServicer):
-    """*ctl* is the plugin's controller (drsvc.controller): its site name, and its probe."""
+    """*ctl* is the plugin's controller: its site name, and its probe."""
 
-    def __init__(self, ctl, services=POOL_SERVICES):
+    def __init__(self, ctl: ControllerAPI, services=POOL_SERVICES):
         self.ctl = ctl
         self.services = services
 
@@ -64,10 +65,11 @@ class Identity(csi_pb2_grpc.IdentityServicer):
 
 
 class Controller(csi_pb2_grpc.ControllerServicer):
-    """CSI Controller over a drsvc.controller implementation: the pool of a one-node site
-    (PoolController) or the storage nodes of a multi-node site (cluster.ClusterController)."""
+    """CSI Controller over the controller contract (drsvc.controller_api.Controller): the
+    pool of a one-node site (PoolController) or the storage nodes of a multi-node site
+    (cluster.ClusterController)."""
 
-    def __init__(self, ctl):
+    def __init__(self, ctl: ControllerAPI):
         self.ctl = ctl
 
     @rpc

@@ -1,6 +1,7 @@
 """CSI GroupController: volume group snapshots (one consistent instant across members)."""
 from __future__ import annotations
 
+from drsvc.controller_api import Controller
 from drsvc.ids import check_map
 from drsvc.snapshots import GroupSnapshot
 
@@ -22,10 +23,10 @@ def _group_snapshot(gs: GroupSnapshot, members) -> csi_pb2.VolumeGroupSnapshot:
 
 
 class GroupController(csi_pb2_grpc.GroupControllerServicer):
-    """*ctl* is the plugin's controller: drsvc.controller.PoolController, or on a multi-node
-    site drsvc.cluster.ClusterController (a group snapshot across nodes is cut in parts)."""
+    """*ctl* is the plugin's controller (drsvc.controller_api.Controller): PoolController, or
+    on a multi-node site ClusterController (a group snapshot across nodes is cut in parts)."""
 
-    def __init__(self, ctl):
+    def __init__(self, ctl: Controller):
         self.ctl = ctl
 
     @rpc

@@ -13,7 +13,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from drsvc.cluster import ClusterReplication
+from drsvc.cluster import ClusterController, ClusterReplication
 from drsvc.controller import PoolController
 from drsvc.replication.api import ReplicationAPI
 from drsvc.site import Site
@@ -44,11 +44,10 @@ def _serve(server: grpc.Server, names: list[str], sock: Path) -> grpc.Server:
     return server
 
 
-def build_controller_server(ctl, sock: Path, *, max_workers: int = 16) -> grpc.Server:
-    """A multi-node site's controller (drsvc.cluster.ClusterController): CSI Identity and
-    Controller, CSI-Addons Identity, VolumeGroup and Replication (each call sent to the
-    node of the object). Node services run where the pools are. A group's members sit on
-    one node (for now)."""
+def build_controller_server(ctl: ClusterController, sock: Path, *, max_workers: int = 16) -> grpc.Server:
+    """A multi-node site's controller: CSI Identity, Controller and GroupController,
+    CSI-Addons Identity, VolumeGroup and Replication, each call sent to the node of the
+    object (or to every node holding a part of it). Node services run where the pools are."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
                          interceptors=[LoggingInterceptor()])
     csi_pb2_grpc.add_IdentityServicer_to_server(
@@ -63,7 +62,7 @@ def build_controller_server(ctl, sock: Path, *, max_workers: int = 16) -> grpc.S
     names += ["identity.Identity", "volumegroup.Controller"]
     if replicating:
         replication_pb2_grpc.add_ControllerServicer_to_server(
-            addons_servicers.ReplicationController(ClusterReplication(ctl), ctl.cfg.check_secrets), server)
+            addons_servicers.ReplicationController(ClusterReplication(ctl.router), ctl.cfg.check_secrets), server)
         names.append("replication.Controller")
     return _serve(server, names, sock)
 
@@ -138,6 +137,8 @@ def main(argv=None) -> int:
         cfg = load_config(Path(args.config), node=args.node)
         from workers.app import make_app
         from workers.client import CeleryDispatcher
+        from workers.titles import set_title
+        set_title("plugin", cfg)
         site = Site.from_config(cfg, dispatcher=CeleryDispatcher(make_app(cfg)))
         endpoint = args.endpoint or cfg.endpoint
     else:
@@ -163,7 +164,8 @@ def _serve_controller(ap, args) -> int:
         ap.error(f"{args.config} lists no [nodes]: a one-node site's plugin is its controller")
     from workers.app import make_app
     from workers.client import NodeDispatcher
-    from drsvc.cluster import ClusterController
+    from workers.titles import set_title
+    set_title("controller", cfg)
     ctl = ClusterController(cfg, NodeDispatcher(make_app(cfg)))
     endpoint = args.endpoint or cfg.endpoint
     if not endpoint:

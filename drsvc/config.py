@@ -6,7 +6,7 @@ Example::
     node_id = "a-node1"
     pool = "/var/lib/drsvc/pool"
     endpoint = "unix:///run/drsvc/csi.sock"
-    redis_url = "redis://:PASSWORD@127.0.0.1:6379/0"   # requirepass works here
+    redis_url = "redis://127.0.0.1:6379/0"              # the password: env DRSVC_REDIS_PASSWORD
     metrics_port = 9101                                 # 0: no /metrics
     secrets_file = "/etc/drsvc/rpc-secret"              # optional: require secrets.token
     retention = "1x1h(keep=all) | 24x1h | 14x1d | 8x1w"  # recovery points kept at the peer (zrepl grid)
@@ -46,7 +46,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import tomllib
+from urllib.parse import quote, urlsplit, urlunsplit
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -291,6 +293,26 @@ def _retention(doc: dict, where: str) -> str:
         raise ConfigInvalid(where=where, reason=f"retention: {e.message}") from None
 
 
+REDIS_PASSWORD_ENV = "DRSVC_REDIS_PASSWORD"
+
+
+def redis_url_with_password(url: str, password: str | None, where: str) -> str:
+    """*url* with the Redis password from the environment (DRSVC_REDIS_PASSWORD), so the password
+    is given once, in a Secret read through env, and never in site.toml. A URL that carries a
+    password of its own, as well as the variable, is refused: two sources would disagree."""
+    if not password:
+        return url
+    parts = urlsplit(url)
+    if parts.password is not None:
+        raise ConfigInvalid(where=where, reason=f"redis_url carries a password and {REDIS_PASSWORD_ENV} is "
+                                                "set too: give it once, in the environment")
+    user = quote(parts.username or "", safe="")
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    netloc = f"{user}:{quote(password, safe='')}@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
 def parse(doc: dict, path: Path | None = None, node: str = "") -> SiteConfig:
     where = str(path or "site config")
     base = path.parent if path else Path.cwd()
@@ -312,7 +334,9 @@ def parse(doc: dict, path: Path | None = None, node: str = "") -> SiteConfig:
     if pool is None and not nodes:
         _req(doc, "pool", where)
     cfg = SiteConfig(site=site, node_id=doc.get("node_id", f"{site}-node"), pool=pool,
-                      endpoint=doc.get("endpoint", ""), redis_url=doc.get("redis_url", "redis://127.0.0.1:6379/0"),
+                      endpoint=doc.get("endpoint", ""),
+                      redis_url=redis_url_with_password(doc.get("redis_url", "redis://127.0.0.1:6379/0"),
+                                                        os.environ.get(REDIS_PASSWORD_ENV), where),
                       peers=peers, metrics_port=int(doc.get("metrics_port", 0)),
                       secrets_file=rel(doc["secrets_file"]) if doc.get("secrets_file") else None, path=path,
                       visibility_timeout=int(doc.get("visibility_timeout", 300)),

@@ -1,47 +1,27 @@
-"""The CSI controller's operations, over one pool: what csi_plugin's Controller servicer calls.
+"""The controller contract (drsvc.controller_api.Controller) over one pool.
 
-Two implementations answer the same calls. :class:`PoolController` runs them on the
-pool of this process's site (a one-node site, or a storage node executing a task sent by
-its site's controller). :class:`drsvc.cluster.ClusterController` runs them on a site of
-several storage nodes: it places volumes and sends each call to the node that holds the
-object. Both return model objects, never protobufs.
+:class:`PoolController` runs the CSI controller calls on the pool of this process's site:
+a one-node site's plugin, or a storage node running a task sent by its site's controller
+(drsvc.cluster.NodeOps). :class:`drsvc.cluster.ClusterController` answers the same
+contract on a site of several storage nodes. Both return model objects, never protobufs.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
 from . import snapshots
-from .snapshots import GroupSnapshotService
+from .controller_api import Capacity, GroupView, VolumeStatus
+from .groups import Group
 from .model import Capability, ContentSource, Page, Snapshot, Volume
 from .modify import VolumeModifier, check_mutable
-
-
-@dataclass
-class VolumeStatus:
-    """A volume with what ControllerGetVolume and ListVolumes report about it."""
-    volume: Volume
-    published_node_ids: list = field(default_factory=list)
-    problem: str = ""                 # empty: healthy
-
-
-@dataclass
-class GroupView:
-    """A volume group with its member volumes, as the VolumeGroup RPCs answer it."""
-    group: object                     # drsvc.groups.Group
-    volumes: list = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Capacity:
-    available: int
-    maximum: int
-    minimum: int
+from .site import Site
+from .snapshots import GroupSnapshot, GroupSnapshotService
 
 
 class PoolController:
-    """The controller calls on one site's pool (drsvc.site.Site)."""
+    """drsvc.controller_api.Controller on one site's pool (drsvc.site.Site)."""
 
-    def __init__(self, site):
+    def __init__(self, site: Site):
         self.site = site
         self.group_snapshots = GroupSnapshotService(site.pool, site.volumes, site.node)
 
@@ -53,9 +33,9 @@ class PoolController:
         self.site.pool.space()            # the pool must be reachable
 
     def create_volume(self, name: str, *, required_bytes: int = 0, limit_bytes: int = 0,
-                      capabilities: list[Capability] = (), parameters: dict | None = None,
-                      source: ContentSource | None = None, requisite: list[dict] = (),
-                      preferred: list[dict] = (), mutable: dict | None = None) -> Volume:
+                      capabilities: Sequence[Capability] = (), parameters: dict | None = None,
+                      source: ContentSource | None = None, requisite: Sequence[dict] = (),
+                      preferred: Sequence[dict] = (), mutable: dict | None = None) -> Volume:
         mutable = check_mutable(dict(mutable or {}))      # refused before anything is created
         vol = self.site.create_volume(name, required_bytes=required_bytes, limit_bytes=limit_bytes,
                                       capabilities=list(capabilities), parameters=parameters,
@@ -67,7 +47,7 @@ class PoolController:
     def delete_volume(self, volume_id: str) -> None:
         self.site.delete_volume(volume_id)
 
-    def validate(self, volume_id: str, capabilities: list[Capability], parameters: dict) -> str:
+    def validate(self, volume_id: str, capabilities: Sequence[Capability], parameters: dict) -> str:
         """Why the volume cannot be used with these capabilities ('' when it can)."""
         vol = self.site.volumes.get_volume(volume_id)
         return self.site.volumes.unsupported_reason(vol, list(capabilities), dict(parameters))
@@ -84,7 +64,7 @@ class PoolController:
         page = self.site.volumes.list_volumes(max_entries, token)
         return Page([self._status(v) for v in page.items], page.next_token)
 
-    def capacity(self, topology: dict | None = None, capabilities: list[Capability] = (),
+    def capacity(self, topology: dict | None = None, capabilities: Sequence[Capability] = (),
                  parameters: dict | None = None) -> Capacity:
         return Capacity(*self.site.volumes.capacity(topology, list(capabilities), dict(parameters or {})))
 
@@ -108,33 +88,36 @@ class PoolController:
         return self.site.volumes.list_snapshots(max_entries, token, snapshot_id, source_volume_id)
 
     # -- volume groups (CSI-Addons VolumeGroup) ---------------------------------------
-    def _view(self, g) -> GroupView:
+    def group_view(self, g: Group) -> GroupView:
+        """*g* with its member volumes (those still recorded)."""
         return GroupView(g, [v for vid in g.volume_ids if (v := self.site.volumes.find_volume(vid)) is not None])
 
-    def create_group(self, name: str, parameters: dict | None = None, volume_ids=()) -> GroupView:
-        return self._view(self.site.groups.create(name, dict(parameters or {}), list(volume_ids)))
+    def create_group(self, name: str, parameters: dict | None = None, volume_ids: Sequence[str] = ()) -> GroupView:
+        return self.group_view(self.site.groups.create(name, dict(parameters or {}), list(volume_ids)))
 
-    def modify_group(self, group_id: str, volume_ids, parameters: dict | None = None) -> GroupView:
-        return self._view(self.site.groups.modify(group_id, list(volume_ids), dict(parameters or {})))
+    def modify_group(self, group_id: str, volume_ids: Sequence[str], parameters: dict | None = None) -> GroupView:
+        return self.group_view(self.site.groups.modify(group_id, list(volume_ids), dict(parameters or {})))
 
     def delete_group(self, group_id: str) -> None:
         self.site.delete_group(group_id)
 
     def get_group(self, group_id: str) -> GroupView:
-        return self._view(self.site.groups.get(group_id))
+        return self.group_view(self.site.groups.get(group_id))
 
     def list_groups(self, max_entries: int = 0, token: str = "") -> Page:
         page = self.site.groups.list(max_entries, token)
-        return Page([self._view(g) for g in page.items], page.next_token)
+        return Page([self.group_view(g) for g in page.items], page.next_token)
 
     # -- volume group snapshots (CSI GroupController) -----------------------------------
-    def create_group_snapshot(self, name: str, source_volume_ids, parameters: dict | None = None):
+    def create_group_snapshot(self, name: str, source_volume_ids: Sequence[str],
+                              parameters: dict | None = None) -> tuple[GroupSnapshot, list[Snapshot]]:
         """(group snapshot, its member snapshots)."""
         gs = self.group_snapshots.create(name, list(source_volume_ids), dict(parameters or {}))
         return gs, self.group_snapshots.members(gs)
 
-    def get_group_snapshot(self, group_snapshot_id: str, snapshot_ids=()):
+    def get_group_snapshot(self, group_snapshot_id: str,
+                           snapshot_ids: Sequence[str] = ()) -> tuple[GroupSnapshot, list[Snapshot]]:
         return self.group_snapshots.get(group_snapshot_id, list(snapshot_ids))
 
-    def delete_group_snapshot(self, group_snapshot_id: str, snapshot_ids=()) -> None:
+    def delete_group_snapshot(self, group_snapshot_id: str, snapshot_ids: Sequence[str] = ()) -> None:
         self.group_snapshots.delete(group_snapshot_id, list(snapshot_ids))

@@ -248,6 +248,12 @@ class VolumeInGroup(InvalidInput):
     template = "volume {volume_id} belongs to volume group {group_id}: replicate the group"
 
 
+class VolumeIsGroupMember(PreconditionFailed):
+    """Promote, demote or resync of one member of a replicated group: the group is the unit."""
+    template = ("{volume_id} is a member of {group_id}; use --group {group_id} (a member replicates, "
+                "fails over and resyncs with its group)")
+
+
 class ReplicationConflict(PreconditionFailed):
     template = "unit {unit_id!r}: {reason}"
 

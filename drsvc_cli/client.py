@@ -52,6 +52,7 @@ class DrClient:
         self.groups = volumegroup_pb2_grpc.ControllerStub(self.channel)
         self.repl = replication_pb2_grpc.ControllerStub(self.channel)
         self.admin = admin_pb2_grpc.AdminStub(self.channel)
+        self.identity = csi_pb2_grpc.IdentityStub(self.channel)
 
     def close(self) -> None:
         self.channel.close()
@@ -80,6 +81,10 @@ class DrClient:
                 if progress:
                     progress(e.message)
                 time.sleep(0.5)
+
+    def site(self) -> str:
+        """The name of the site this socket serves (CSI GetPluginInfo's manifest)."""
+        return self._call(self.identity.GetPluginInfo, csi_pb2.GetPluginInfoRequest()).manifest.get("site", "")
 
     # -- volumes and groups ---------------------------------------------------------
     def create_volume(self, name: str, size: int, *, fs_type: str = "ext4", group_id: str = "") -> dict:

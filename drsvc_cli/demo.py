@@ -126,9 +126,11 @@ def playbook(lab: Lab, name: str, extra: dict, work: Path) -> dict:
 
 
 def cli(*args) -> dict:
-    """One `drsvc` runbook command (`--json`), as an operator would type it."""
-    r = runner.run([sys.executable, "-m", "drsvc_cli.main", *args, "--json"], timeout=300)
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    """One `drsvc` runbook command, as an operator would type it; what it said (it says what
+    changed, and where)."""
+    r = runner.run([sys.executable, "-m", "drsvc_cli.main", *args], timeout=300,
+                   env=dict(os.environ, COLUMNS="200"))
+    return {"line": " ".join(r.stdout.split())}
 
 
 def _wait(what: str, fn, timeout: float):
@@ -160,149 +162,191 @@ def _database_syncs(a: DrClient, volume_id: str, db: DbFiles, mirror: RsyncMirro
     return out
 
 
+class Demo:
+    """The demo's steps over one lab, each a method that returns what it shows."""
+
+    def __init__(self, steps: Steps, work: Path):
+        self.steps, self.work = steps, work
+        self.lab = Lab(work / "sites")
+        self.checks: dict = {"a": {}}
+        self.ids: dict = {}
+        self.syncs: list = []
+        self.mnt = work / "mnt"
+        self.a = self.b = None
+
+    def run(self) -> None:
+        run = self.steps.run
+        run("build two sites (XFS pools, redis, sshd with pinned keys)", lambda: {
+            f"site {n}": f"pool {s.pool}, sshd 127.0.0.1:{s.sshd_port}, redis 127.0.0.1:{s.redis_port}"
+            for n, s in self.lab.build().sites.items()})
+        run("start plugins, workers, schedulers, /metrics", self.start)
+        run("create a database volume and a 3-volume group at site a", self.create)
+        run("stage, publish and write at site a", self.write)
+        run("enable replication to site b", self.enable)
+        run("a database at site a: write, then sync (sync-now --wait), and rsync for the same change",
+            self.database, show=lambda rows: demo_view.sync_table(rows, rsync=any(r["rsync"] for r in rows)))
+        self.steps.say(demo_view.SYNC_NOTE)
+        run("stop the database at site a (a planned failover needs no writers)", self.stop_database)
+        run(f"check the group's scheduled syncs (every {INTERVAL}) at site a", self.watch)
+        run("drill at site b (playbooks/drill.yml)", lambda: playbook(
+            self.lab, "drill.yml", {"primary_site": "a", "secondary_site": "b", "group_id": self.ids["group"]},
+            self.work), show=lambda d: demo_view.pairs({"recap": d["recap"], "result": "\n".join(d["said"])},
+                                                       self.steps.console.width))
+        run("planned failover: the group with playbooks/planned-failover.yml, the volume with the CLI",
+            self.failover)
+        run("verify checksums at site b (now primary)", self.verify)
+
+    def start(self) -> dict:
+        self.lab.up()
+        self.a = DrClient(self.lab.sites["a"].endpoint, timeout=300)
+        self.b = DrClient(self.lab.sites["b"].endpoint, timeout=300)
+        return {f"site {n}": f"{s.endpoint}, http://127.0.0.1:{s.cfg.metrics_port}/metrics"
+                for n, s in self.lab.sites.items()}
+
+    def create(self) -> dict:
+        a, ids = self.a, self.ids
+        ids["volume"] = a.create_volume("demo-db", VOLUME_SIZE)["volume_id"]
+        ids["group"] = a.create_group("demo-app")["group_id"]
+        ids["members"] = [a.create_volume(f"demo-app-{i}", VOLUME_SIZE, group_id=ids["group"])["volume_id"]
+                          for i in range(3)]
+        return {"database volume": f"{ids['volume']} ({H.size(VOLUME_SIZE)})",
+                "group": ids["group"], "members": f"{', '.join(ids['members'])} ({H.size(VOLUME_SIZE)} each)"}
+
+    def write(self) -> dict:
+        said = {}
+        for vid in self.ids["members"]:
+            stg, tgt = self.mnt / f"a-{vid}-stg", self.mnt / f"a-{vid}"
+            stg.mkdir(parents=True, exist_ok=True)
+            self.a.mount(vid, str(stg), str(tgt))
+            _write_files(tgt, "v1")
+            self.checks["a"][vid] = _files_sha(tgt)
+            self.a.unmount(vid, str(stg), str(tgt))
+            said[vid] = f"{len(self.checks['a'][vid])} files of 2.0 MiB written, unpublished"
+        stg, tgt = self.mnt / "a-db-stg", self.mnt / "a-db"
+        stg.mkdir(parents=True, exist_ok=True)
+        self.a.mount(self.ids["volume"], str(stg), str(tgt))
+        self.ids["db_mount"] = str(tgt)
+        said[self.ids["volume"]] = f"staged and published at {tgt} (the database runs here)"
+        return said
+
+    def enable(self) -> dict:
+        a, ids = self.a, self.ids
+        a.until_done(lambda: a.replication("EnableVolumeReplication", volume_id=ids["volume"],
+                                           parameters={"schedulingInterval": DB_INTERVAL}), wait=60)
+        a.until_done(lambda: a.replication("EnableVolumeReplication", group_id=ids["group"],
+                                           parameters={"schedulingInterval": INTERVAL}), wait=60)
+        st = _wait("the database volume's initial sync",
+                   lambda: (s := a.status(volume_id=ids["volume"]))["generation"] >= 1 and s, 120)
+        return {"group": f"every {INTERVAL}",
+                "database volume": f"every {DB_INTERVAL}; initial sync of the empty ext4: "
+                                   f"{H.size(st['last_sync_bytes'])} on the wire in "
+                                   f"{H.duration(st['last_sync_duration'])}"}
+
+    def database(self) -> list:
+        pool = self.lab.sites["a"].pool
+        mirror = RsyncMirror(PoolLayout(pool).image(self.ids["volume"]), pool.parent / "demo-rsync")
+        if mirror.available():
+            mirror.start()
+        else:
+            mirror = None
+        self.syncs.extend(_database_syncs(self.a, self.ids["volume"],
+                                          DbFiles(Path(self.ids["db_mount"]), pages_bytes=DB_PAGES), mirror))
+        return self.syncs
+
+    def stop_database(self) -> dict:
+        vid, tgt = self.ids["volume"], Path(self.ids["db_mount"])
+        self.checks["a"][vid] = _files_sha(tgt)
+        self.a.unmount(vid, str(self.mnt / "a-db-stg"), str(tgt))
+        return {vid: f"{len(self.checks['a'][vid])} files checksummed, unpublished"}
+
+    def watch(self) -> dict:
+        st = _wait("a scheduled sync of the group",
+                   lambda: (s := self.a.status(group_id=self.ids["group"]))["generation"] >= 2 and s, 60)
+        return {"unit": st["unit_id"], "generation": st["generation"], "health": st["status"],
+                "last sync": f"{H.size(st['last_sync_bytes'])} on the wire in {H.duration(st['last_sync_duration'])}"}
+
+    def failover(self) -> dict:
+        ids, a, b = self.ids, self.a, self.b
+        run = playbook(self.lab, "planned-failover.yml", {"primary_site": "a", "secondary_site": "b",
+                                                          "group_id": ids["group"]}, self.work)
+        out = {"group (Ansible)": " / ".join(run["said"]) or run["recap"]}
+        # the volume through the runbook CLI, as the README's planned failover reads
+        vid = ids["volume"]
+        said = [cli(verb, "--config", self.lab.sites[site].config_path, "--volume", vid)
+                for site, verb in (("a", "demote"), ("b", "promote"))]
+        sa, sb = a.status(volume_id=vid), b.status(volume_id=vid)
+        out["volume (CLI)"] = (f"drsvc demote --config a.toml --volume {vid}; drsvc promote --config b.toml "
+                               f"--volume {vid}\n" + "\n".join(d.get("line", "") for d in said) +
+                               f"\nvolume {vid}: b is {sb['role']} at epoch {sb['epoch']} ({sb['status']}), "
+                               f"a is {sa['role']}")
+        for unit in ({"group_id": ids["group"]}, {"volume_id": vid}):
+            st = b.status(**unit)
+            if st["role"] != "primary" or st["status"] != "HEALTHY":
+                raise AssertionError(f"after the failover, b reports {st['role']} {st['status']}: "
+                                     f"{st['status_message']}")
+        return out
+
+    def verify(self) -> dict:
+        sums = {}
+        for vid in [self.ids["volume"]] + self.ids["members"]:
+            stg, tgt = self.mnt / f"b-{vid}-stg", self.mnt / f"b-{vid}"
+            stg.mkdir(parents=True, exist_ok=True)
+            self.b.mount(vid, str(stg), str(tgt))
+            sums[vid] = _files_sha(tgt)
+            self.b.unmount(vid, str(stg), str(tgt))
+        self.checks["b"] = sums
+        bad = [vid for vid in sums if sums[vid] != self.checks["a"][vid]]
+        if bad:
+            raise AssertionError(f"checksums differ at site b for {bad}")
+        return {"volumes compared": len(sums), "files compared": sum(len(s) for s in sums.values()),
+                "roles now": f"a {self.a.status(group_id=self.ids['group'])['role']}, "
+                             f"b {self.b.status(group_id=self.ids['group'])['role']}"}
+
+    def next_commands(self) -> dict:
+        """Ready to paste, for sites left running (`--keep`): after the failover b is primary."""
+        cfg = {n: shlex.quote(str(s.config_path)) for n, s in self.lab.sites.items()}
+        inv = shlex.quote(str(self.work / "inventory.yml"))
+        unit = f"-e group_id={self.ids['group']}" if self.ids.get("group") else ""
+        return {
+            "status": f"drsvc status --config {cfg['a']}; drsvc status --config {cfg['b']}",
+            "drill": (f"ANSIBLE_LIBRARY={shlex.quote(str(PLAYBOOKS / 'library'))} ansible-playbook -i {inv} "
+                      f"{shlex.quote(str(PLAYBOOKS / 'drill.yml'))} -e primary_site=b -e secondary_site=a {unit}"),
+            "flower": f"FLOWER_UNAUTHENTICATED_API=true drsvc flower --config {cfg['b']} --port 5555",
+            "metrics": " ".join(f"curl -s http://127.0.0.1:{s.cfg.metrics_port}/metrics"
+                                for s in self.lab.sites.values() if s.config_path) or "-",
+            "logs": f"drsvc site status --config {cfg['a']}",
+            "teardown": f"drsvc demo down --root {shlex.quote(str(self.work))}",
+        }
+
+    def summary(self, ok: bool, seconds: float, keep: bool) -> dict:
+        lab = self.lab
+        return {"ok": ok and all(s["ok"] for s in self.steps.results), "seconds": round(seconds, 1),
+                "steps": self.steps.results, "checksums": self.checks, "ids": self.ids, "syncs": self.syncs,
+                "kept": keep,
+                "sites": {n: {"config": str(s.config_path), "redis_pid": s.redis_pid, "redis_port": s.redis_port,
+                              "sshd_pid": s.sshd_pid, "sshd_port": s.sshd_port}
+                          for n, s in lab.sites.items()} if keep else {},
+                "next": self.next_commands() if keep else {},
+                "down": f"drsvc demo down --root {shlex.quote(str(self.work))}" if keep else None}
+
+
 def run_demo(*, keep: bool = False, as_json: bool = False, root: str | None = None) -> int:
     steps = Steps(as_json)
     work = Path(root or tempfile.mkdtemp(prefix="drsvc-demo-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    lab = Lab(work / "sites")
-    checks: dict = {"a": {}}
-    ids: dict = {}
-    syncs: list = []
+    demo = Demo(steps, work)
     t_start = time.monotonic()
+    ok = False
     try:
         steps.say(f"drsvc demo: two sites under {work}")
-        steps.run("build two sites (XFS pools, redis, sshd with pinned keys)", lambda: {
-            f"site {n}": f"pool {s.pool}, sshd 127.0.0.1:{s.sshd_port}, redis 127.0.0.1:{s.redis_port}"
-            for n, s in lab.build().sites.items()})
-        steps.run("start plugins, workers, schedulers, /metrics", lambda: (lab.up(), {
-            f"site {n}": f"{s.endpoint}, http://127.0.0.1:{s.cfg.metrics_port}/metrics"
-            for n, s in lab.sites.items()})[1])
-        a = DrClient(lab.sites["a"].endpoint, timeout=300)
-        b = DrClient(lab.sites["b"].endpoint, timeout=300)
-        mnt = work / "mnt"
-
-        def create():
-            ids["volume"] = a.create_volume("demo-db", VOLUME_SIZE)["volume_id"]
-            ids["group"] = a.create_group("demo-app")["group_id"]
-            ids["members"] = [a.create_volume(f"demo-app-{i}", VOLUME_SIZE, group_id=ids["group"])["volume_id"]
-                              for i in range(3)]
-            return {"database volume": f"{ids['volume']} ({H.size(VOLUME_SIZE)})",
-                    "group": ids["group"], "members": f"{', '.join(ids['members'])} ({H.size(VOLUME_SIZE)} each)"}
-        steps.run("create a database volume and a 3-volume group at site a", create)
-
-        def write():
-            said = {}
-            for vid in ids["members"]:
-                stg, tgt = mnt / f"a-{vid}-stg", mnt / f"a-{vid}"
-                stg.mkdir(parents=True, exist_ok=True)
-                a.mount(vid, str(stg), str(tgt))
-                _write_files(tgt, "v1")
-                checks["a"][vid] = _files_sha(tgt)
-                a.unmount(vid, str(stg), str(tgt))
-                said[vid] = f"{len(checks['a'][vid])} files of 2.0 MiB written, unpublished"
-            stg, tgt = mnt / "a-db-stg", mnt / "a-db"
-            stg.mkdir(parents=True, exist_ok=True)
-            a.mount(ids["volume"], str(stg), str(tgt))
-            ids["db_mount"] = str(tgt)
-            said[ids["volume"]] = f"staged and published at {tgt} (the database runs here)"
-            return said
-        steps.run("stage, publish and write at site a", write)
-
-        def enable():
-            a.until_done(lambda: a.replication("EnableVolumeReplication", volume_id=ids["volume"],
-                                               parameters={"schedulingInterval": DB_INTERVAL}), wait=60)
-            a.until_done(lambda: a.replication("EnableVolumeReplication", group_id=ids["group"],
-                                               parameters={"schedulingInterval": INTERVAL}), wait=60)
-            st = _wait("the database volume's initial sync",
-                       lambda: (s := a.status(volume_id=ids["volume"]))["generation"] >= 1 and s, 120)
-            return {"group": f"every {INTERVAL}",
-                    "database volume": f"every {DB_INTERVAL}; initial sync of the empty ext4: "
-                                       f"{H.size(st['last_sync_bytes'])} on the wire in "
-                                       f"{H.duration(st['last_sync_duration'])}"}
-        steps.run("enable replication to site b", enable)
-
-        def database():
-            pool = lab.sites["a"].pool
-            mirror = RsyncMirror(PoolLayout(pool).image(ids["volume"]), pool.parent / "demo-rsync")
-            if mirror.available():
-                mirror.start()
-            else:
-                mirror = None
-            syncs.extend(_database_syncs(a, ids["volume"], DbFiles(Path(ids["db_mount"]), pages_bytes=DB_PAGES),
-                                         mirror))
-            return syncs
-        steps.run("a database at site a: write, then sync (sync-now --wait), and rsync for the same change",
-                  database, show=lambda rows: demo_view.sync_table(rows, rsync=any(r["rsync"] for r in rows)))
-        steps.say(demo_view.SYNC_NOTE)
-
-        def stop_database():
-            tgt = Path(ids["db_mount"])
-            checks["a"][ids["volume"]] = _files_sha(tgt)
-            a.unmount(ids["volume"], str(mnt / "a-db-stg"), str(tgt))
-            return {ids["volume"]: f"{len(checks['a'][ids['volume']])} files checksummed, unpublished"}
-        steps.run("stop the database at site a (a planned failover needs no writers)", stop_database)
-
-        def watch():
-            st = _wait("a scheduled sync of the group", lambda: (s := a.status(group_id=ids["group"]))[
-                "generation"] >= 2 and s, 60)
-            return {"unit": st["unit_id"], "generation": st["generation"], "health": st["status"],
-                    "last sync": f"{H.size(st['last_sync_bytes'])} on the wire in "
-                                 f"{H.duration(st['last_sync_duration'])}"}
-        steps.run(f"check the group's scheduled syncs (every {INTERVAL}) at site a", watch)
-
-        steps.run("drill at site b (playbooks/drill.yml)", lambda: playbook(
-            lab, "drill.yml", {"primary_site": "a", "secondary_site": "b", "group_id": ids["group"]}, work),
-            show=lambda d: demo_view.pairs({"recap": d["recap"], "result": "\n".join(d["said"])}, steps.console.width))
-
-        def failover():
-            run = playbook(lab, "planned-failover.yml", {"primary_site": "a", "secondary_site": "b",
-                                                         "group_id": ids["group"]}, work)
-            out = {"group (Ansible)": " / ".join(run["said"]) or run["recap"]}
-            # the volume through the runbook CLI, as the README's planned failover reads
-            vid = ids["volume"]
-            for site, verb in (("a", "demote"), ("b", "promote")):
-                cli(verb, "--config", lab.sites[site].config_path, "--volume", vid)
-            sa, sb = a.status(volume_id=vid), b.status(volume_id=vid)
-            out["volume (CLI)"] = (f"drsvc demote --config a.toml --volume {vid}; drsvc promote --config b.toml "
-                                   f"--volume {vid}\nvolume {vid}: b is {sb['role']} at epoch {sb['epoch']} "
-                                   f"({sb['status']}), a is {sa['role']}")
-            for unit in ({"group_id": ids["group"]}, {"volume_id": vid}):
-                st = b.status(**unit)
-                if st["role"] != "primary" or st["status"] != "HEALTHY":
-                    raise AssertionError(f"after the failover, b reports {st['role']} {st['status']}: "
-                                         f"{st['status_message']}")
-            return out
-        steps.run("planned failover: the group with playbooks/planned-failover.yml, the volume with the CLI",
-                  failover)
-
-        def verify():
-            sums = {}
-            for vid in [ids["volume"]] + ids["members"]:
-                stg, tgt = mnt / f"b-{vid}-stg", mnt / f"b-{vid}"
-                stg.mkdir(parents=True, exist_ok=True)
-                b.mount(vid, str(stg), str(tgt))
-                sums[vid] = _files_sha(tgt)
-                b.unmount(vid, str(stg), str(tgt))
-            checks["b"] = sums
-            bad = [vid for vid in sums if sums[vid] != checks["a"][vid]]
-            if bad:
-                raise AssertionError(f"checksums differ at site b for {bad}")
-            return {"volumes compared": len(sums), "files compared": sum(len(s) for s in sums.values()),
-                    "roles now": f"a {a.status(group_id=ids['group'])['role']}, "
-                                 f"b {b.status(group_id=ids['group'])['role']}"}
-        steps.run("verify checksums at site b (now primary)", verify)
+        demo.run()
         ok = True
     except _Abort:
-        ok = False
+        pass
     finally:
         if not keep:
-            lab.teardown()
-    summary = {"ok": ok and all(s["ok"] for s in steps.results), "seconds": round(time.monotonic() - t_start, 1),
-               "steps": steps.results, "checksums": checks, "ids": ids, "syncs": syncs, "kept": keep,
-               "sites": {n: {"config": str(s.config_path), "redis_pid": s.redis_pid, "redis_port": s.redis_port,
-                             "sshd_pid": s.sshd_pid, "sshd_port": s.sshd_port}
-                         for n, s in lab.sites.items()} if keep else {},
-               "down": f"drsvc demo down --root {shlex.quote(str(work))}" if keep else None}
+            demo.lab.teardown()
+    summary = demo.summary(ok, time.monotonic() - t_start, keep)
     if as_json:
         print(json.dumps(summary, sort_keys=True, default=str))
     else:
@@ -310,9 +354,7 @@ def run_demo(*, keep: bool = False, as_json: bool = False, root: str | None = No
         steps.console.print(demo_view.summary_title(summary))
         steps.console.print(demo_view.summary_table(summary))
         if keep:
-            steps.console.print("sites left running; configs: "
-                                + ", ".join(s["config"] for s in summary["sites"].values()))
-            steps.console.print(f"remove them with: {summary['down']}")
+            steps.console.print(demo_view.next_steps(summary["next"]))
     return 0 if summary["ok"] else 1
 
 

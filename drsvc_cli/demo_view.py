@@ -102,3 +102,14 @@ SYNC_NOTE = """\
     changed: the 4 KiB blocks that differ, found from the extent map of drsvc's reflink capture.
     rsync: --no-whole-file --inplace between reflink copies of the image before and after the writes; it reads
     both whole images and sends its own (larger) blocks around each change. It runs locally, with no ssh."""
+
+
+def next_steps(commands: dict):
+    """The sites left running (`demo --keep`): ready-to-paste commands, one per line."""
+    from rich.text import Text
+    out = Text("sites left running; next:\n", style="bold")
+    keyw = max(len(k) for k in commands)
+    for k, v in commands.items():
+        out.append(f"    {k:<{keyw}}  ", style="bold")
+        out.append(v + "\n")
+    return out

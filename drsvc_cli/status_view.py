@@ -57,10 +57,16 @@ def rows(statuses, now: float | None = None) -> list[dict]:
     return out
 
 
-def render(console, statuses, now: float | None = None) -> None:
+MEMBER_MARK = "  <- this volume"
+
+
+def render(console, statuses, now: float | None = None, member: str = "") -> None:
+    """*member*: a volume whose group's status this is; its line is marked."""
     from rich.table import Table
     from rich.text import Text
     view = rows(statuses, now)
+    for v in view:
+        v["members"] = [m + MEMBER_MARK if m == member else m for m in v["members"]]
     stamp = H.instant(time.time() if now is None else now)
     if not view:
         console.print(f"no replicated volumes or groups (as of {stamp})")

@@ -53,13 +53,32 @@ def label_task(headers: dict) -> None:
         headers["shadow"] = f"{name} {unit}"
 
 
+TIME_KWARGS = ("scheduled_at",)
+
+
+def readable_kwargs(kwargs: dict | None) -> str | None:
+    """The kwargs as Flower shows them: a scheduled sync's slot in UTC, not epoch seconds
+    ({'trigger': 'schedule', 'scheduled_at': '2026-11-25 16:20:00 UTC'}). None: nothing to change."""
+    if not kwargs or not any(isinstance(kwargs.get(k), (int, float)) for k in TIME_KWARGS):
+        return None
+    import datetime as dt
+    shown = {k: dt.datetime.fromtimestamp(v, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+             if k in TIME_KWARGS and isinstance(v, (int, float)) else v for k, v in kwargs.items()}
+    return repr(shown)
+
+
 class LabelledAMQP(AMQP):
     """Messages named for their unit: the shadow header (worker events) and the task-sent
-    event alike, so Flower's row keeps the name whichever event it sees last."""
+    event alike, so Flower's row keeps the name whichever event it sees last; and kwargs shown
+    with readable times (the task itself still gets the numbers)."""
 
-    def as_task_v2(self, task_id, name, *args, **kwargs):
-        msg = super().as_task_v2(task_id, name, *args, **kwargs)
+    def as_task_v2(self, task_id, name, args=None, kwargs=None, *rest, **options):
+        msg = super().as_task_v2(task_id, name, args, kwargs, *rest, **options)
         label_task(msg.headers)
+        if (shown := readable_kwargs(kwargs)) is not None:
+            msg.headers["kwargsrepr"] = shown
+            if msg.sent_event is not None:
+                msg.sent_event["kwargs"] = shown
         if msg.sent_event is not None and msg.headers.get("shadow"):
             msg.sent_event["name"] = msg.headers["shadow"]
         return msg

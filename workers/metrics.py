@@ -13,38 +13,44 @@ from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFam
 from drsvc.config import SiteConfig, load
 from drsvc.site import Site
 
+from .titles import set_title
+
 log = logging.getLogger("workers.metrics")
 PREFIX = "drsvc_replication"
 
 
+LABELS = ["site", "unit", "kind", "peer"]
+# name -> (help, value of a unit's Info; None: not exported for that unit). Gauges.
+GAUGES = {
+    "last_sync_timestamp_seconds": ("Primary: start of the last successful sync. Secondary: commit time of the "
+                                    "last generation received (unix time)", lambda i: i.last_sync_time),
+    "last_sync_duration_seconds": ("Duration of that sync (secondary: begin to commit)", lambda i: i.last_sync_duration),
+    "last_sync_bytes": ("Bytes on the wire of that sync", lambda i: i.last_sync_bytes),
+    "lag_seconds": ("Primary only: RPO lag, seconds since the newest data the peer holds",
+                    lambda i: i.lag_seconds if i.role == "primary" else None),
+    "data_age_seconds": ("Secondary only: data age, now minus the origin's capture time of the newest "
+                         "generation held", lambda i: i.lag_seconds if i.role == "secondary" else None),
+    "missed_intervals": ("Primary: whole intervals missed since the last successful sync. Secondary: whole "
+                         "intervals the primary has been silent", lambda i: i.missed_intervals),
+    "interval_seconds": ("Configured sync interval", lambda i: i.interval),
+    "epoch": ("Fencing epoch of the unit at this site", lambda i: i.epoch),
+    "generation": ("Replicated generation at this site", lambda i: i.generation),
+    "consecutive_failures": ("Sync failures since the last success", lambda i: i.consecutive_failures),
+    "schedule_delay_seconds": ("Primary: how late the last scheduled sync started after its slot "
+                               "(scheduler drift plus queueing)", lambda i: i.schedule_delay),
+}
+
+
 class ReplicationCollector:
+    """Every value comes from the pool's durable records at scrape time; the counters are
+    counted in the sync outcome record (control.json), so they survive a restart of this
+    process and never go backwards."""
+
     def __init__(self, cfg: SiteConfig):
         self.cfg = cfg
         self.service = Site.from_config(cfg).status      # the read model: no dispatcher
 
-    def collect(self):
-        labels = ["site", "unit", "kind", "peer"]
-        g = {name: GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=labels) for name, doc in (
-            ("last_sync_timestamp_seconds", "Start of the last successful sync (unix time)"),
-            ("last_sync_duration_seconds", "Duration of the last successful sync"),
-            ("last_sync_bytes", "Bytes on the wire of the last successful sync"),
-            ("lag_seconds", "Primary: seconds since the newest data the peer holds (RPO lag). "
-                            "Secondary: data age, now minus the origin's capture time of the newest "
-                            "generation held"),
-            ("missed_intervals", "Primary: whole intervals missed since the last successful sync. "
-                                 "Secondary: whole intervals the primary has been silent"),
-            ("interval_seconds", "Configured sync interval"),
-            ("epoch", "Fencing epoch of the unit at this site"),
-            ("generation", "Replicated generation at this site"),
-            ("consecutive_failures", "Sync failures since the last success"),
-            ("schedule_delay_seconds", "Primary: how late the last scheduled sync started after its slot "
-                                       "(scheduler drift plus queueing)"),
-        )}
-        role = GaugeMetricFamily(f"{PREFIX}_role", "1 for the role this site holds", labels=labels + ["role"])
-        health = GaugeMetricFamily(f"{PREFIX}_health", "1 for the current health status",
-                                   labels=labels + ["status"])
-        failures = CounterMetricFamily(f"{PREFIX}_sync_failures", "Failed syncs", labels=labels)
-        points = _points_families(labels)
+    def _units(self):
         for unit_id in self.service.units():
             try:
                 info = self.service.describe(unit_id)
@@ -52,28 +58,34 @@ class ReplicationCollector:
                 log.warning("unit %s: %s", unit_id, e)
                 continue
             kind, _ = self.service.kind_of(unit_id)
-            lv = [self.cfg.site, unit_id, kind, info.peer]
-            g["last_sync_timestamp_seconds"].add_metric(lv, info.last_sync_time)
-            g["last_sync_duration_seconds"].add_metric(lv, info.last_sync_duration)
-            g["last_sync_bytes"].add_metric(lv, info.last_sync_bytes)
-            g["lag_seconds"].add_metric(lv, info.lag_seconds)
-            g["missed_intervals"].add_metric(lv, info.missed_intervals)
-            g["interval_seconds"].add_metric(lv, info.interval)
-            g["epoch"].add_metric(lv, info.epoch)
-            g["generation"].add_metric(lv, info.generation)
-            g["consecutive_failures"].add_metric(lv, info.consecutive_failures)
-            g["schedule_delay_seconds"].add_metric(lv, info.schedule_delay)
+            yield [self.cfg.site, unit_id, kind, info.peer], info
+
+    def collect(self):
+        g = {name: GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=LABELS) for name, (doc, _) in GAUGES.items()}
+        role = GaugeMetricFamily(f"{PREFIX}_role", "1 for the role this site holds", labels=LABELS + ["role"])
+        health = GaugeMetricFamily(f"{PREFIX}_health", "1 for the current health status", labels=LABELS + ["status"])
+        failures = CounterMetricFamily(f"{PREFIX}_sync_failures", "Failed syncs", labels=LABELS)
+        syncs = CounterMetricFamily(f"{PREFIX}_syncs", "Syncs this site ran as the sender, by result",
+                                    labels=LABELS + ["result"])
+        sent = CounterMetricFamily(f"{PREFIX}_sent_bytes", "Bytes on the wire of this site's successful syncs",
+                                   labels=LABELS)
+        points = _points_families(LABELS)
+        for lv, info in self._units():
+            for name, (_, value) in GAUGES.items():
+                if (v := value(info)) is not None:
+                    g[name].add_metric(lv, v)
             for r in ("primary", "secondary"):
                 role.add_metric(lv + [r], 1.0 if info.role == r else 0.0)
-            for s in ("HEALTHY", "DEGRADED", "ERROR", "UNKNOWN"):
-                health.add_metric(lv + [s], 1.0 if info.status == s else 0.0)
+            for st in ("HEALTHY", "DEGRADED", "ERROR", "UNKNOWN"):
+                health.add_metric(lv + [st], 1.0 if info.status == st else 0.0)
             failures.add_metric(lv, info.failures_total)
-            _add_points(points, self.service, kind, unit_id, lv)
+            syncs.add_metric(lv + ["success"], info.syncs_total)
+            syncs.add_metric(lv + ["failure"], info.failures_total)
+            sent.add_metric(lv, info.sent_bytes_total)
+            _add_points(points, self.service, lv)
         yield from g.values()
+        yield from (role, health, failures, syncs, sent)
         yield from points.values()
-        yield role
-        yield health
-        yield failures
 
 
 # -- recovery points (issue 21) -------------------------------------------------------------
@@ -85,8 +97,9 @@ def _points_families(labels) -> dict:
     )}
 
 
-def _add_points(fam: dict, status, kind: str, unit_id: str, lv: list) -> None:
+def _add_points(fam: dict, status, lv: list) -> None:
     from drsvc.replication.status import Unit
+    unit_id, kind = lv[1], lv[2]
     try:
         pts, space, _ = status.points(Unit(kind, unit_id, tuple(status.kind_of(unit_id)[1])))
     except Exception as e:  # noqa: BLE001 - one bad unit must not blank the page
@@ -117,6 +130,7 @@ def main(argv=None) -> int:
         ap.error(f"{args.config} lists [nodes]: give --node (or DRSVC_NODE), the node whose units to export")
     if not cfg.metrics_port:
         ap.error(f"{args.config} sets no metrics_port")
+    set_title("metrics", cfg)
     serve(cfg, address=args.address)
     log.info("serving /metrics for site %s on %s:%d", cfg.site, args.address, cfg.metrics_port)
     stop = threading.Event()

@@ -17,6 +17,7 @@ import time
 import uuid
 from datetime import datetime, UTC
 from functools import lru_cache
+from pathlib import Path
 
 import redis
 from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
@@ -30,6 +31,7 @@ from drsvc.schedule import catch_up, phase, slot_at_or_before
 from drsvc.replication.status import list_schedules
 
 from .tasks import sync_marker
+from .titles import set_title
 
 log = logging.getLogger("workers.scheduler")
 LEASE_S = 15
@@ -61,8 +63,9 @@ def enqueue_sync(config_path: str, unit_id: str, interval: int, ph: float | None
 
 
 class SiteScheduler:
-    def __init__(self, cfg: SiteConfig, *, reconcile_every: float = 3.0):
+    def __init__(self, cfg: SiteConfig, *, reconcile_every: float = 3.0, heartbeat: str | None = None):
         self.cfg = cfg
+        self.heartbeat = Path(heartbeat) if heartbeat else None   # touched every loop (workers/probe.py)
         self.identity = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.reconcile_every = reconcile_every
         self.redis = redis.Redis.from_url(cfg.redis_url, socket_timeout=5)
@@ -157,6 +160,8 @@ class SiteScheduler:
                     log.exception("reconcile failed")
             else:
                 self._resign()
+            if self.heartbeat is not None:
+                self.heartbeat.touch()
             self.stop.wait(self.reconcile_every)
         self._resign()
         try:
@@ -172,11 +177,14 @@ def main(argv=None) -> int:
     ap.add_argument("--node", default=os.environ.get("DRSVC_NODE", ""),
                     help="a multi-node site: schedule this storage node's units (default: $DRSVC_NODE)")
     ap.add_argument("--log-level", default="INFO")
+    ap.add_argument("--heartbeat", help="a file touched on every loop, for a liveness probe (python -m workers.probe)")
     args = ap.parse_args(argv)
     if not args.config:
         ap.error("--config or DRSVC_CONFIG is required")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    s = SiteScheduler(load(args.config, node=args.node))
+    cfg = load(args.config, node=args.node)
+    set_title("scheduler", cfg)
+    s = SiteScheduler(cfg, heartbeat=args.heartbeat)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: s.stop.set())
     s.run()

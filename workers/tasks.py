@@ -16,6 +16,7 @@ from drsvc.dispatch import error_to_dict
 from drsvc.errors import DrsvcError, Unavailable
 
 from . import inflight, slots
+from .titles import keep_worker_titles
 
 log = logging.getLogger(__name__)
 OPS = ("enable", "disable", "promote", "demote", "resync", "sync")
@@ -170,11 +171,17 @@ def worker_main(argv=None) -> int:
     app = make_app(cfg)
     args.concurrency = args.concurrency or (8 if args.role == "api" else 2)
     app.conf.worker_concurrency = args.concurrency     # the per-peer sync slots follow it
-    queues, name = {"data": (f"{cfg.queue},{cfg.control_queue}", cfg.scope),
-                    "control": (cfg.control_queue, f"{cfg.scope}-control"),
-                    "api": (cfg.api_queue(args.node) if args.role == "api" else "", f"{cfg.scope}-api")}[args.role]
+    queues = {"data": f"{cfg.queue},{cfg.control_queue}", "control": cfg.control_queue,
+              "api": cfg.api_queue(args.node) if args.role == "api" else ""}[args.role]
     pool = ["-P", "threads"] if args.role == "api" else []   # its calls wait on the node's jobs
     wargs = ["worker", "-Q", queues, *pool, "-c", str(args.concurrency), "-l", args.loglevel, "-E",
-             "-n", args.hostname or f"{name}@%h", "--without-gossip", "--without-mingle"]
+             "-n", args.hostname or f"{worker_name(cfg, args.role)}@%h", "--without-gossip", "--without-mingle"]
+    keep_worker_titles("worker", cfg, "" if args.role == "data" else args.role)
     app.worker_main(wargs)
     return 0
+
+
+def worker_name(cfg, role: str) -> str:
+    """The Celery node name of this site's (or node's) worker of *role*, before the @host:
+    "a", "a-control", "a.n1-api". workers/probe.py pings it by this name."""
+    return cfg.scope if role == "data" else f"{cfg.scope}-{role}"

@@ -1,6 +1,6 @@
 """Block-delta replication engine.
 
-Entry points for the control plane (imported lazily, so ``python -m
+Entry points for the control plane (loaded on first use, so ``python -m
 drsvc.replication.receiver`` starts without loading the sender side):
 
     sync_unit(pool, unit_id, members, peer, *, mountpoints=(), epoch=None, demote=False,
@@ -14,7 +14,7 @@ drsvc.replication.receiver`` starts without loading the sender side):
 from __future__ import annotations
 
 _EXPORTS = {
-    "sync_unit": "sender", "release_unit": "sender",
+    "sync_unit": "sync", "release_unit": "snapstore",
     "verify_unit": "verify",
     "peer_status": "remote", "release_peer": "remote", "hello": "remote",
     "SyncReport": "report", "VerifyReport": "report",
@@ -22,11 +22,11 @@ _EXPORTS = {
 
 
 def __getattr__(name):
-    mod = _EXPORTS.get(name)
-    if mod is None:
+    if name not in _EXPORTS:
         raise AttributeError(name)
-    import importlib
-    return getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+    from . import remote, report, snapstore, sync, verify
+    modules = {"sync": sync, "snapstore": snapstore, "verify": verify, "remote": remote, "report": report}
+    return getattr(modules[_EXPORTS[name]], name)
 
 
 __all__ = sorted(_EXPORTS)

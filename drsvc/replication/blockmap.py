@@ -19,6 +19,7 @@ from pathlib import Path
 import xxhash
 
 from ..errors import CorruptMetadata
+from ..host.reflink import clone_file, data_ranges
 
 DIGEST = 16
 ZERO = bytes(DIGEST)
@@ -249,13 +250,11 @@ class EmptyMap:
 
 def copy_map(src: Path, dst: Path) -> None:
     """Copy a block map file (reflink when possible; it is sparse-aware otherwise)."""
-    from ..host.reflink import clone_file
     clone_file(Path(src), Path(dst), fsync=False)
 
 
 def hash_image(fd: int, size: int, block_size: int, *, chunk: int = 1 << 20):
     """Yield (first_block, digests) for the data regions of an image; holes are skipped."""
-    from ..host.reflink import data_ranges
     chunk = max(chunk - chunk % block_size, block_size)
     buf = bytearray(chunk)
     mv = memoryview(buf)

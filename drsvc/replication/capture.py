@@ -41,11 +41,14 @@ from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
+import xxhash
+
 from ..errors import VolumeNotFound
-from ..host.fiemap import fiemap_array
+from ..host.fiemap import EXTENT_DTYPE, fiemap_array
 from ..host.freeze import frozen, write_back
 from ..host.reflink import clone_file, clone_range
 from . import plan as planner
+from .blockmap import punch_hole
 
 log = logging.getLogger(__name__)
 _NO_FIEMAP = (errno.EOPNOTSUPP, errno.ENOTTY, errno.EINVAL)
@@ -99,7 +102,6 @@ def save_extents(path: Path, extents, size: int) -> None:
     forward it is that generation's extent map (cloned ranges now share the live
     image's blocks; the rest already did), so the next capture need not map the
     base again. Checksummed: a torn file is ignored, never trusted."""
-    import xxhash
     raw = extents.tobytes()
     with open(path, "wb") as f:
         f.write(_EXT_HEADER.pack(EXTENTS_MAGIC, size, xxhash.xxh3_64_intdigest(raw)) + raw)
@@ -108,9 +110,6 @@ def save_extents(path: Path, extents, size: int) -> None:
 def load_extents(path: Path, size: int):
     """The cached extent map of an image of *size* bytes, or None (absent, torn, other size)."""
     import numpy as np
-    import xxhash
-
-    from ..host.fiemap import EXTENT_DTYPE
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -141,6 +140,16 @@ def _coarse_now_ns() -> int:
     return time.clock_gettime_ns(getattr(time, "CLOCK_REALTIME_COARSE", 5))   # Linux: 5
 
 
+class _Sources:
+    """A layout whose member images are other files where named (a CSI snapshot's)."""
+
+    def __init__(self, layout, images: dict):
+        self.layout, self.images = layout, images
+
+    def image(self, vol: str) -> Path:
+        return Path(self.images[vol]) if vol in self.images else self.layout.image(vol)
+
+
 def capture(layout, members, dest: Path, mountpoints=(), bases: dict | None = None, *,
             block_size: int = 4096, timings: dict | None = None, meet=None,
             images: dict | None = None) -> dict[str, Captured]:
@@ -150,35 +159,15 @@ def capture(layout, members, dest: Path, mountpoints=(), bases: dict | None = No
     frozen too (timings gets its return value as ``round`` and its wait as ``cut_wait_s``).
     images: volume id -> the file to capture instead of the live image (a CSI snapshot
     shipped as a recovery point: drsvc.replication.shipsnap)."""
-    bases = bases or {}
-    image = (lambda vol: images[vol]) if images else layout.image
+    if images:
+        layout = _Sources(layout, images)
     dest.mkdir(parents=True)
-    base_ext = {}
-    for vol in members:              # the base snapshots do not change: map them before the freeze
-        base = bases.get(vol)
-        if base is None:
-            continue
-        try:
-            base_ext[vol] = _base_extents(base)
-        except OSError as e:
-            if e.errno not in _NO_FIEMAP:
-                raise
-            log.info("FIEMAP unavailable on %s (%s): full capture", base, e)
+    base_ext = _map_bases(members, bases or {})
     out: dict[str, Captured] = {}
     checks = {}
-    later = []                       # range and extent files, written once the freeze is over
+    later: list = []                 # range and extent files, written once the freeze is over
     t0 = time.monotonic()
-    pre = {}
-    if base_ext:
-        write_back(mountpoints)      # what the filesystems hold dirty reaches the images unfrozen
-    for vol in base_ext:             # pre-copy: the bulk of the clones, before the freeze
-        try:
-            pre[vol] = _precopy(image(vol), dest, vol, base_ext[vol], block_size)
-        except FileNotFoundError:
-            raise VolumeNotFound(volume_id=vol) from None
-        except OSError as e:
-            if e.errno not in _NO_FIEMAP:
-                raise
+    pre = _precopy_all(layout, dest, base_ext, block_size, mountpoints)
     t_pre = time.monotonic()
     with frozen(mountpoints):
         t_frozen, frozen_at = time.monotonic(), time.time()
@@ -186,19 +175,10 @@ def capture(layout, members, dest: Path, mountpoints=(), bases: dict | None = No
             timings["round"] = meet()
             timings["cut_wait_s"] = round(time.monotonic() - t_frozen, 4)
         for vol in members:
-            src = image(vol)
-            if vol in base_ext:
-                try:
-                    out[vol], checks[vol] = _overlay(src, dest, vol, base_ext[vol], block_size,
-                                                     pre=pre.get(vol), later=later,
-                                                     settle=not mountpoints)
-                    continue
-                except FileNotFoundError:
-                    raise VolumeNotFound(volume_id=vol) from None
-                except OSError as e:
-                    if e.errno not in _NO_FIEMAP:
-                        raise
-            out[vol] = _full(src, dest, vol)
+            out[vol], check = _capture_member(layout.image(vol), dest, vol, base_ext.get(vol), block_size,
+                                              pre.get(vol), later, settle=not mountpoints)
+            if check is not None:
+                checks[vol] = check
         t_thaw = time.monotonic()
     for write in later:
         write()
@@ -208,13 +188,7 @@ def capture(layout, members, dest: Path, mountpoints=(), bases: dict | None = No
         timings["freeze_s"] = round(t_thaw - t_frozen, 4)
         timings["capture_s"] = round(time.monotonic() - t0, 4)
     if not mountpoints:
-        for vol, (mtime_ns, size) in checks.items():
-            st = os.stat(image(vol))
-            if st.st_mtime_ns != mtime_ns or st.st_size != size:
-                log.info("%s changed during its overlay capture: capturing it whole", vol)
-                for suffix in (".delta", ".ranges", ".clear", ".extents"):
-                    (dest / f"{vol}{suffix}").unlink(missing_ok=True)
-                out[vol] = _full(image(vol), dest, vol)
+        _recapture_written(layout, dest, checks, out)
     for c in out.values():      # durability after the thaw, so the freeze lasts only the clones
         fd = os.open(c.path, os.O_RDONLY)
         try:
@@ -222,6 +196,64 @@ def capture(layout, members, dest: Path, mountpoints=(), bases: dict | None = No
         finally:
             os.close(fd)
     return out
+
+
+def _map_bases(members, bases: dict) -> dict:
+    """The extent maps of the members' base snapshots (they do not change: mapped before
+    the freeze); a member whose base cannot be mapped is captured full."""
+    base_ext = {}
+    for vol in members:
+        base = bases.get(vol)
+        if base is None:
+            continue
+        try:
+            base_ext[vol] = _base_extents(base)
+        except OSError as e:
+            if e.errno not in _NO_FIEMAP:
+                raise
+            log.info("FIEMAP unavailable on %s (%s): full capture", base, e)
+    return base_ext
+
+
+def _precopy_all(layout, dest: Path, base_ext: dict, bs: int, mountpoints) -> dict:
+    """The pre-copy of every overlay member: the bulk of the clones, before the freeze."""
+    pre = {}
+    if base_ext:
+        write_back(mountpoints)      # what the filesystems hold dirty reaches the images unfrozen
+    for vol in base_ext:
+        try:
+            pre[vol] = _precopy(layout.image(vol), dest, vol, base_ext[vol], bs)
+        except FileNotFoundError:
+            raise VolumeNotFound(volume_id=vol) from None
+        except OSError as e:
+            if e.errno not in _NO_FIEMAP:
+                raise
+    return pre
+
+
+def _capture_member(src: Path, dest: Path, vol: str, base, bs: int, pre, later: list, *, settle: bool):
+    """(Frozen) an overlay against *base* where there is one and FIEMAP works, else the
+    whole image. Returns the capture and, for an overlay, its (mtime, size) check."""
+    if base is not None:
+        try:
+            return _overlay(src, dest, vol, base, bs, pre=pre, later=later, settle=settle)
+        except FileNotFoundError:
+            raise VolumeNotFound(volume_id=vol) from None
+        except OSError as e:
+            if e.errno not in _NO_FIEMAP:
+                raise
+    return _full(src, dest, vol), None
+
+
+def _recapture_written(layout, dest: Path, checks: dict, out: dict) -> None:
+    """Nothing was frozen: an overlay member written since its last FIEMAP is captured whole."""
+    for vol, (mtime_ns, size) in checks.items():
+        st = os.stat(layout.image(vol))
+        if st.st_mtime_ns != mtime_ns or st.st_size != size:
+            log.info("%s changed during its overlay capture: capturing it whole", vol)
+            for suffix in (".delta", ".ranges", ".clear", ".extents"):
+                (dest / f"{vol}{suffix}").unlink(missing_ok=True)
+            out[vol] = _full(layout.image(vol), dest, vol)
 
 
 def _full(src: Path, dest: Path, vol: str) -> Captured:
@@ -324,7 +356,6 @@ def roll_forward(base_img: Path, overlay_dir: Path, vol: str, size: int) -> None
 
     Repeat-safe: every action sets a range to a fixed content, so a run cut short
     and run again ends the same."""
-    from .blockmap import punch_hole as punch
     fd = os.open(base_img, os.O_RDWR)
     try:
         os.ftruncate(fd, size)
@@ -335,7 +366,7 @@ def roll_forward(base_img: Path, overlay_dir: Path, vol: str, size: int) -> None
         finally:
             os.close(dfd)
         for s, e in read_ranges(overlay_dir / f"{vol}.clear"):
-            punch(fd, s, e - s)
+            punch_hole(fd, s, e - s)
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -5,9 +5,10 @@ made to the image afterwards (a stale filesystem flushed at unstage, say). So
 before a secondary says it is consistent (ResyncVolume ready=true), it hashes
 its own images and compares them, block for block, with the primary's acked
 snapshot of the same generation. The primary serves those hashes through one
-receiver verb, ``snaphashes UNIT GENERATION``: the snapshot, not the live
-image, because the application keeps writing there; or, while the peer is a
-secondary too (between a planned demote and the promote), its replica image.
+receiver verb, ``snaphashes UNIT GENERATION`` (``verbs.snapshot_hashes``): the
+snapshot, not the live image, because the application keeps writing there; or,
+while the peer is a secondary too (between a planned demote and the promote),
+its replica image.
 """
 from __future__ import annotations
 
@@ -18,55 +19,15 @@ import tempfile
 from dataclasses import dataclass, field
 
 from .. import store
-from ..errors import DrsvcError, ReplicationConflict
-from . import protocol
+from ..errors import DrsvcError
 from .blockmap import BlockMap, hash_image
-from .layout import PoolLayout, check_id
+from .layout import PoolLayout
+from .remote import read_maps, reader_for
 from .state import find_state, get_state, mark_diverged, request_resync
 
 log = logging.getLogger(__name__)
 
 
-# -- primary side: the receiver verb ----------------------------------------------------
-def verb_snapshot_hashes(layout: PoolLayout, reader, out, args) -> None:
-    """Block hashes of the acked snapshot of generation GENERATION (every member)."""
-    unit_id = check_id(args[0])
-    try:
-        generation = int(args[1])
-    except ValueError:
-        raise ReplicationConflict(unit_id=unit_id, reason="generation is not an integer") from None
-    layout.ensure_unit_dir(unit_id)
-    # not waited for: the sync that holds it may itself be waiting on the asker's lock
-    with store.file_lock(layout.lock_path(unit_id), blocking=False, key=unit_id):
-        if find_state(layout.root, unit_id) is not None and get_state(layout.root, unit_id).role != "primary":
-            from .receiver import recover
-            recover(layout, unit_id)             # a committed journal is applied first
-        st = get_state(layout.root, unit_id)
-        if st.role == "primary":                 # the acked snapshot, not the live image
-            snap = layout.snap_dir(unit_id, generation)
-            path_of = lambda vol: snap / f"{check_id(vol, 'volume id')}.img"   # noqa: E731
-            held = (snap / "meta.json").exists()
-        else:                                    # both secondary (a planned relocate): the replica
-            path_of = layout.image
-            held = not st.diverged and not st.resync_requested
-        if st.generation != generation or not held:
-            raise ReplicationConflict(unit_id=unit_id, reason=f"generation {generation} is not held here as "
-                                                              f"acked (this site is at {st.generation})")
-        for vol in st.members:
-            fd = os.open(path_of(vol), os.O_RDONLY)
-            try:
-                size = os.fstat(fd).st_size
-                out.control({"type": "map", "volume_id": vol, "exists": True, "size": size,
-                             "block_size": st.block_size})
-                for first, digests in hash_image(fd, size, st.block_size):
-                    out.write(protocol.encode_hashes(first, digests))
-            finally:
-                os.close(fd)
-            out.control({"type": "end", "volume_id": vol})
-        out.control({"type": "done"})
-
-
-# -- secondary side ------------------------------------------------------------------------
 @dataclass
 class ContentCheck:
     generation: int
@@ -86,7 +47,6 @@ def _same_map(local: BlockMap, remote: BlockMap, blocks: int) -> bool:
 def compare_with_primary(pool, unit_id: str, peer) -> ContentCheck:
     """Hash this site's replica images and compare them with the primary's snapshot
     of the generation this site holds. Holds the unit lock, so no delta lands meanwhile."""
-    from .remote import read_maps, reader_for
     layout = PoolLayout(pool)
     with store.file_lock(layout.lock_path(unit_id), blocking=False, key=unit_id):
         st = get_state(pool, unit_id)

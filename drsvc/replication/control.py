@@ -33,8 +33,9 @@ class Control:
     last_error: str = ""
     last_attempt: float = 0.0
     consecutive_failures: int = 0
-    syncs_total: int = 0
-    failures_total: int = 0
+    syncs_total: int = 0                 # counters: only ever incremented, under the control lock,
+    failures_total: int = 0              # in the same atomic write as the outcome they count
+    sent_bytes_total: int = 0            # (/metrics reads them: they survive its restarts)
     conflict: str = ""                   # split brain or fencing, named for the operator
     last_sync_delay: float = 0.0         # a scheduled sync: its start minus the slot it was due at
     retention: str = ""                  # the unit's recovery point grid (drsvc.io/retention; "": the site's)

@@ -17,7 +17,7 @@ import xxhash
 
 from ..errors import ReplicationConflict
 from . import plan as planner
-from .blockmap import DIGEST
+from .blockmap import DIGEST, digest_blocks
 from .protocol import (CODEC_RAW, CODEC_ZERO, CODEC_ZSTD, MANIFEST_ENTRY, ManifestChain,
                        encode_record_header)
 
@@ -67,63 +67,97 @@ def scan_member(member: int, fd: int, size: int, base_map, new_map, new_from_bas
     """Hash the scan ranges, compare with the base map, record changed runs in the plan
     and the new digests in the new map. Clear ranges become zero records where the
     base held data."""
-    from .blockmap import digest_blocks  # local: keeps the hot loop's globals short
-    chunk = max(CHUNK, bs)
-    buf = bytearray(chunk)
-    mv = memoryview(buf)
-    zero_run = [0, 0]   # pending zero record (offset, length), coalesced across windows
-
-    def flush_zero():
-        if zero_run[1]:
-            out.add(member, True, zero_run[0], zero_run[1], 0)
-            stats.zeroed += zero_run[1]
-            stats.records += 1
-            zero_run[1] = 0
-
-    def add_zero(off, length):
-        if zero_run[1] and zero_run[0] + zero_run[1] == off and zero_run[1] + length <= MAX_ZERO_RECORD:
-            zero_run[1] += length
-            return
-        flush_zero()
-        zero_run[0], zero_run[1] = off, length
-
+    scanner = _MemberScanner(member, fd, size, base_map, new_map, new_from_base, bs, out, stats)
     events = sorted([(s, e, 0) for s, e in ms.scan] + [(s, e, 1) for s, e in ms.clear])
-    h64 = xxhash.xxh3_64_intdigest
     advised = 0   # scan ranges whose reads were queued ahead
     done_scans = 0
     for start, end, is_clear in events:
-        if not is_clear:
-            if advised <= done_scans:
-                # many small changed ranges: queue the next reads together, the fresh
-                # snapshot's pages are cold and the disk serves them in parallel
-                for s, e in ms.scan[advised:advised + 512]:
-                    os.posix_fadvise(fd, s, min(e - s, READAHEAD), os.POSIX_FADV_WILLNEED)
-                advised += 512
-            done_scans += 1
+        if is_clear:
+            scanner.clear(start, end)
+            continue
+        if advised <= done_scans:
+            # many small changed ranges: queue the next reads together, the fresh
+            # snapshot's pages are cold and the disk serves them in parallel
+            for s, e in ms.scan[advised:advised + 512]:
+                os.posix_fadvise(fd, s, min(e - s, READAHEAD), os.POSIX_FADV_WILLNEED)
+            advised += 512
+        done_scans += 1
+        scanner.data(start, end)
+    scanner.zeros.flush()
+
+
+class _ZeroRun:
+    """The pending zero record, coalesced across windows and ranges (up to MAX_ZERO_RECORD)."""
+
+    __slots__ = ("member", "out", "stats", "off", "len")
+
+    def __init__(self, member: int, out: PlanWriter, stats: ScanStats):
+        self.member, self.out, self.stats = member, out, stats
+        self.off = self.len = 0
+
+    def add(self, off: int, length: int) -> None:
+        if self.len and self.off + self.len == off and self.len + length <= MAX_ZERO_RECORD:
+            self.len += length
+            return
+        self.flush()
+        self.off, self.len = off, length
+
+    def flush(self) -> None:
+        if self.len:
+            self.out.add(self.member, True, self.off, self.len, 0)
+            self.stats.zeroed += self.len
+            self.stats.records += 1
+            self.len = 0
+
+
+class _MemberScanner:
+    """One member's scan: a data range is read, hashed and compared with the base map
+    chunk by chunk (:meth:`data`); a range that became a hole is checked against the base
+    map in larger windows (:meth:`clear`). Both feed one zero run."""
+
+    def __init__(self, member: int, fd: int, size: int, base_map, new_map, new_from_base: bool, bs: int,
+                 out: PlanWriter, stats: ScanStats):
+        self.member, self.fd, self.size, self.bs = member, fd, size, bs
+        self.base_map, self.new_map, self.new_from_base = base_map, new_map, new_from_base
+        self.out, self.stats = out, stats
+        self.chunk = max(CHUNK, bs)
+        self.mv = memoryview(bytearray(self.chunk))
+        self.zeros = _ZeroRun(member, out, stats)
+
+    def clear(self, start: int, end: int) -> None:
+        bs, size, add_zero = self.bs, self.size, self.zeros.add
         pos = start
-        window = CLEAR_WINDOW if is_clear else chunk
         while pos < end:
-            wend = min(end, (pos // window + 1) * window)
+            wend = min(end, (pos // CLEAR_WINDOW + 1) * CLEAR_WINDOW)
+            first = pos // bs
+            nblocks = -(-(wend - pos) // bs)
+            runs = planner.nonzero_runs(self.base_map.read(first, nblocks), first)
+            if runs and self.new_from_base:
+                self.new_map.clear(first, nblocks)
+            for b, c in runs:
+                off = b * bs
+                add_zero(off, min(c * bs, size - off))
+            pos = wend
+
+    def data(self, start: int, end: int) -> None:
+        digest = digest_blocks
+        fd, size, bs, chunk, mv = self.fd, self.size, self.bs, self.chunk, self.mv
+        base_map, new_map, new_from_base = self.base_map, self.new_map, self.new_from_base
+        member, out, stats, zeros = self.member, self.out, self.stats, self.zeros
+        h64 = xxhash.xxh3_64_intdigest
+        pos = start
+        while pos < end:
+            wend = min(end, (pos // chunk + 1) * chunk)
             n = wend - pos
             first = pos // bs
-            nblocks = -(-n // bs)
-            base_d = base_map.read(first, nblocks)
-            if is_clear:
-                runs = planner.nonzero_runs(base_d, first)
-                if runs and new_from_base:
-                    new_map.clear(first, nblocks)
-                for b, c in runs:
-                    off = b * bs
-                    add_zero(off, min(c * bs, size - off))
-                pos = wend
-                continue
+            base_d = base_map.read(first, -(-n // bs))
             if (pos - start) % (READAHEAD // 2) == 0 and pos + n < end:
                 os.posix_fadvise(fd, pos + n, min(READAHEAD, end - pos - n), os.POSIX_FADV_WILLNEED)
             got = os.preadv(fd, [mv[:n]], pos)
             if got < n:
                 mv[got:n] = bytes(n - got)
             stats.scanned += n
-            new_d = digest_blocks(mv[:n], bs)
+            new_d = digest(mv[:n], bs)
             if new_d != base_d:
                 if new_from_base:
                     new_map.write(first, new_d)
@@ -131,9 +165,9 @@ def scan_member(member: int, fd: int, size: int, base_map, new_map, new_from_bas
                     off = b * bs
                     length = min(c * bs, size - off)
                     if z:
-                        add_zero(off, length)
+                        zeros.add(off, length)
                     else:
-                        flush_zero()
+                        zeros.flush()
                         rel = off - pos
                         out.add(member, False, off, length, h64(mv[rel:rel + length]))
                         stats.changed += length
@@ -141,7 +175,6 @@ def scan_member(member: int, fd: int, size: int, base_map, new_map, new_from_bas
             if not new_from_base and new_d != bytes(len(new_d)):
                 new_map.write(first, new_d)
             pos = wend
-    flush_zero()
 
 
 class AdaptiveCodec:

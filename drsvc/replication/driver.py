@@ -1,51 +1,140 @@
 """The sync driver: plan -> steps -> report, and a new plan after a temporary failure.
 
-Each attempt connects, reads the peer's status, asks ``plan.reconcile`` for the
-steps and runs them in order. A failure of the connection (``PeerUnreachable``)
-ends the attempt; the next attempt plans again from what is on disk and at the
-peer (a generation left pending is finalized or resumed, never sent twice).
-Other errors are final. Every attempt is recorded in ``report.attempts``.
+Each attempt reads this end's state, opens a session to the peer and reads its
+status, asks the planner for the steps and runs them in order. A failure of
+the connection (``PeerUnreachable``) ends the attempt; the next attempt plans
+again from what is on disk and at the peer (a generation left pending is
+finalized or resumed, never sent twice). Other errors are final. Every attempt
+is recorded in ``report.attempts``; the session is closed on every path.
+
+The driver knows only the interfaces declared here, as zrepl's
+``replication/driver`` does: a :class:`Planner`, a :class:`SessionOpener` and
+its :class:`Session`, and :class:`Step` objects. The implementations import
+this module, never the reverse: ``sync`` composes the driver with its planner
+and ``remote.ApplySession``; ``steps`` holds the step objects.
 """
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
 
 from ..errors import PeerUnreachable
-from . import plan as planner
-from .remote import ApplySession
-from .steps import Attempt, Job, plan_steps
+from ..transport import Peer
+from .cut import Cut
+from .generation import Prepared
+from .layout import PoolLayout
+from .report import SyncReport
+from .state import UnitState
 
 log = logging.getLogger(__name__)
 RETRIABLE = (PeerUnreachable,)
 
 
-def drive(job: Job, load_state, report, *, attempts: int = 1) -> None:
+@dataclass
+class Job:
+    """What one sync_unit call asks for; the same for every attempt."""
+    layout: PoolLayout
+    unit_id: str
+    members: list[str]
+    peer: Peer
+    mountpoints: tuple[str, ...] = ()
+    epoch: int = 0
+    demote: bool = False
+    mode: str = "delta"
+    compress: str = "auto"
+    bwlimit: float | None = None
+    origin: dict | None = None
+    cut: Cut | None = None        # one node's part of a group spanning nodes (replication.cut)
+    sources: dict | None = None   # volume id -> file captured instead of the live image (a CSI snapshot)
+
+
+class Session(Protocol):
+    """One conversation with the peer's receiver about one unit (``remote.ApplySession``):
+    status and block-map requests, then one transaction (begin, records, commit) and
+    a two-phase round's decision. Opened per attempt; the driver closes it."""
+
+    @property
+    def bytes_sent(self) -> int: ...
+
+    def request_status(self) -> None: ...
+
+    def read_status(self) -> dict: ...
+
+    def fetch_maps(self, volumes, block_size: int, dest: Path) -> dict: ...
+
+    def begin(self, tx: dict) -> dict: ...
+
+    def restart(self) -> dict: ...
+
+    def send(self, data) -> None: ...
+
+    def commit(self, records: int, manifest: str, *, expect: str = "committed") -> dict: ...
+
+    def decide(self, txid: str, commit: bool) -> dict: ...
+
+    def close(self) -> None: ...
+
+
+class SessionOpener(Protocol):
+    """Opens a session to the job's peer (connecting, or taking a warm receiver)."""
+
+    def __call__(self, job: Job) -> Session: ...
+
+
+@dataclass
+class Attempt:
+    """What the steps of one attempt hand to each other."""
+    job: Job
+    st: UnitState
+    report: SyncReport
+    session: Session | None = None            # open for the whole attempt
+    peer_st: dict = field(default_factory=dict)
+    pending: Prepared | None = None           # snap/<G+1> left by an earlier run
+    early: Prepared | None = None             # captured while connecting (against G)
+    prepared: Prepared | None = None          # what Ship sends
+    t0: float = field(default_factory=time.monotonic)   # start of the sync
+
+    def drop_early(self) -> None:
+        if self.early is not None:
+            shutil.rmtree(self.early.dir, ignore_errors=True)
+            self.early = None
+
+
+class Step(Protocol):
+    name: str
+    reported: bool      # listed in SyncReport.steps (Ship, which follows a step that ships, is not)
+
+    def run(self, a: Attempt) -> None: ...
+
+
+class Planner(Protocol):
+    def load(self, job: Job) -> tuple[UnitState, Prepared | None]:
+        """This end now: the unit's state (checked) and the generation an earlier run
+        left pending, if any; anything else it left is swept."""
+
+    def ahead(self, a: Attempt) -> None:
+        """Work worth doing while the session opens (capture and plan the next
+        generation into ``a.early`` when nothing is pending: most syncs need it)."""
+
+    def plan(self, a: Attempt) -> list[Step]:
+        """The steps, from the state at both ends (``a.st``, ``a.pending``, ``a.peer_st``),
+        or a typed conflict."""
+
+
+def drive(job: Job, planner: Planner, open_session: SessionOpener, report: SyncReport, *,
+          attempts: int = 1) -> None:
     """Run attempts until one completes; re-raise the last error when none does."""
-    from .sender import load_pending, sweep
     t0 = time.monotonic()
     for n in range(1, max(1, attempts) + 1):
-        a = Attempt(job, load_state(), report, t0=t0)
-        a.pending = load_pending(job.layout, job.unit_id, a.st.generation)
-        sweep(job.layout, job.unit_id, a.st.generation, a.pending)
-        t = time.monotonic()
+        st, pending = planner.load(job)
+        a = Attempt(job, st, report, pending=pending, t0=t0)
         try:
-            try:
-                connect(a)
-                report.phases["connect_s"] = round(time.monotonic() - t, 4)
-                pend = a.pending and planner.Pending(
-                    a.pending.meta["generation"], a.pending.meta["txid"],
-                    tuple(m["volume_id"] for m in a.pending.meta["members"]))
-                steps = plan_steps(planner.reconcile(job.unit_id, a.st.generation, pend, a.peer_st,
-                                                     job.members, job.mode))
-                report.steps = [s.name for s in steps if s.name != "ship"]
-                for step in steps:
-                    step.run(a)
-            finally:
-                a.drop_early()
-                if a.session is not None:
-                    a.session.close()
+            _run(a, planner, open_session)
         except RETRIABLE as e:
             report.attempts.append({"steps": list(report.steps), "error": str(e)})
             if n >= attempts:
@@ -57,33 +146,41 @@ def drive(job: Job, load_state, report, *, attempts: int = 1) -> None:
         return
 
 
-def connect(a: Attempt) -> None:
-    """Open the apply session and read the peer's status in a thread; meanwhile, when
-    nothing is pending, capture and plan the next generation (most syncs need it)."""
+def _run(a: Attempt, planner: Planner, open_session: SessionOpener) -> None:
+    t = time.monotonic()
+    try:
+        connect(a, planner, open_session)
+        a.report.phases["connect_s"] = round(time.monotonic() - t, 4)
+        steps = planner.plan(a)
+        a.report.steps = [s.name for s in steps if s.reported]
+        for step in steps:
+            step.run(a)
+    finally:
+        a.drop_early()
+        if a.session is not None:
+            a.session.close()
+
+
+def connect(a: Attempt, planner: Planner, open_session: SessionOpener) -> None:
+    """Open the session and ask for the peer's status in a thread; meanwhile the planner
+    works ahead. Sets ``a.session`` (whenever it opened) and ``a.peer_st``."""
     opened: dict = {}
-    job = a.job
 
     def _open():
         try:
-            sess = ApplySession(job.peer, job.unit_id, bwlimit=job.bwlimit)
+            sess = open_session(a.job)
             opened["session"] = sess
             sess.request_status()
         except BaseException as e:  # re-raised in the caller's thread
             opened["error"] = e
 
-    opener = threading.Thread(target=_open, name=f"connect-{job.unit_id}", daemon=True)
+    opener = threading.Thread(target=_open, name=f"connect-{a.job.unit_id}", daemon=True)
     opener.start()
     try:
-        if a.pending is None and job.mode == "delta":
-            a.early = a.prepare_delta()
+        planner.ahead(a)
     finally:
         opener.join()
         a.session = opened.get("session")
     if "error" in opened:
         raise opened["error"]
     a.peer_st = a.session.read_status()
-    jr = a.peer_st.get("journal") or {}
-    if jr.get("prepared"):
-        # a round of a group spanning nodes was left prepared there: its decision, taken once
-        # at this site (none recorded: abort), is what the planner settles it with
-        jr["decision"] = job.cut.decision(jr.get("round")) if job.cut is not None and jr.get("round") else False

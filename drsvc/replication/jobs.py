@@ -15,8 +15,8 @@ from ..config import SiteConfig
 from ..dispatch import Dispatcher
 from ..errors import (BrokerUnreachable, DrsvcError, NeedsResync, NotSecondary, OperationInProgress, PeerNotDemoted,
                       PeerNotRecorded, SplitBrain)
-from ..transport import Peer
 from ..retention import DEFAULT_GRID
+from ..transport import Peer
 from . import shipsnap
 from . import state as unit_state
 from .health import final_sync
@@ -116,7 +116,7 @@ class ReplicationJobs:
         return self._sync(c, demote=False, delay=delay)
 
     def _sync(self, c: Control, *, demote: bool, delay: float | None = None) -> dict:
-        from .sender import sync_unit
+        from .sync import sync_unit
         members = self._members(c)
         t0 = time.time()
         peer = None
@@ -152,6 +152,7 @@ class ReplicationJobs:
             ctl.last_sync_bytes, ctl.last_attempt = r["bytes_on_wire"], t0
             ctl.consecutive_failures, ctl.last_error, ctl.conflict = 0, "", ""
             ctl.syncs_total += 1
+            ctl.sent_bytes_total += int(r["bytes_on_wire"])
             if delay is not None:
                 ctl.last_sync_delay = round(delay, 3)
         update_control(self.pool, c.unit_id, ok)
@@ -239,7 +240,7 @@ class ReplicationJobs:
         rounds across the nodes before it promotes; a promote on this node alone has no
         other node to ask): taking over without it keeps the generation every node applied."""
         from ..layout import PoolLayout
-        from .receiver import round_state, settle_round
+        from .replica import round_state, settle_round
         layout = PoolLayout(self.pool)
         p = round_state(layout, unit_id)["prepared"]
         if p is not None:
@@ -259,7 +260,7 @@ class ReplicationJobs:
 
     def run_disable(self, unit_id: str) -> dict:
         from .remote import release_peer
-        from .sender import release_unit
+        from .snapstore import release_unit
         c = find_control(self.pool, unit_id)
         st = unit_state.find_state(self.pool, unit_id)
         peer_released = None

@@ -24,15 +24,14 @@ from __future__ import annotations
 
 import collections
 import errno
-import fcntl
 import os
 import shutil
-import struct
 import threading
 from pathlib import Path
 
 from .. import store
 from ..errors import StreamCorrupt
+from ..host.reflink import UNSUPPORTED, clone_file_range, start_writeback
 from . import pointcommit, protocol
 from .blockmap import punch_hole
 from .faults import failpoint
@@ -42,33 +41,10 @@ from .protocol import CODEC_RAW, CODEC_ZERO, RECORD, ManifestChain, RecordHeader
 FLAG_DIRECT = 0x1   # payload was written straight into a staging image
 FLAG_DATA = 0x2     # payload is in data.bin at the running aligned position
 ALIGN = 4096
-FICLONERANGE = 0x4020940D
-_NO_CLONE = {errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.ENOSYS}
 _BUF = 1 << 20
 # Start writeback of what was written every this many bytes, so the fsync at
 # commit finds little left to write (the disk works while the network does).
 WRITEBACK_EVERY = 32 << 20
-SYNC_FILE_RANGE_WRITE = 2
-_sfr = None
-
-
-def start_writeback(fd: int) -> None:
-    """Queue the dirty pages of *fd* for writeback without waiting (sync_file_range
-    WRITE). Durability still comes from the fsync at commit; this only moves the
-    disk work earlier. A no-op where the call is missing."""
-    global _sfr
-    if _sfr is None:
-        import ctypes
-        import ctypes.util
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-            f = libc.sync_file_range
-            f.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
-            _sfr = f
-        except (OSError, AttributeError):
-            _sfr = False
-    if _sfr:
-        _sfr(fd, 0, 0, SYNC_FILE_RANGE_WRITE)
 
 
 class _Writeback:
@@ -195,11 +171,11 @@ class _Cloner:
     def copy(self, src: int, src_pos: int, dst: int, dst_pos: int, length: int, wb) -> None:
         if self.reflink and length >= self.CLONE_MIN and not (src_pos | dst_pos | length) % ALIGN:
             try:
-                fcntl.ioctl(dst, FICLONERANGE, struct.pack("=qQQQ", src, src_pos, length, dst_pos))
+                clone_file_range(src, src_pos, dst, dst_pos, length)
                 self.cloned += length
                 return
             except OSError as e:
-                if e.errno in _NO_CLONE:
+                if e.errno in UNSUPPORTED:
                     self.reflink = False
                 elif e.errno != errno.EINVAL:
                     raise
@@ -411,39 +387,52 @@ class Journal:
         members = self.tx["members"]
         fds: dict[int, int] = {}
         cloner = _Cloner()
-        pos = 0
         try:
-            for i, m in enumerate(members):
-                if m["fresh"]:
-                    continue
-                fd = os.open(self.layout.image(m["volume_id"]), os.O_RDWR)
-                fds[i] = fd
-                if os.fstat(fd).st_size != m["size"]:
-                    os.ftruncate(fd, m["size"])   # growth is part of the transaction
-            wb = _Writeback()
-            with open(self.records_path, "rb", buffering=_BUF) as f:
-                while True:
-                    raw = f.read(RECORD.size)
-                    if len(raw) < RECORD.size:
-                        break
-                    member, codec, flags, offset, length, _ck = RECORD.unpack(raw)
-                    if flags & FLAG_DIRECT:
-                        continue
-                    if codec == CODEC_ZERO:
-                        punch_hole(fds[member], offset, length)
-                    elif flags & FLAG_DATA:
-                        cloner.copy(self._data(), pos, fds[member], offset, length, wb)
-                        pos = _aligned(pos + length)
-                        failpoint("receiver.mid_apply")   # the image now holds a mix
-                    else:
-                        os.pwrite(fds[member], f.read(length), offset)
-                        wb.wrote(fds[member], length)
+            self._open_images(members, fds)
+            self._apply_records(fds, cloner)
             for fd in fds.values():
                 os.fsync(fd)
         finally:
             for fd in fds.values():
                 os.close(fd)
             self.close()
+        self._install_staged(members)
+        return cloner
+
+    def _open_images(self, members, fds: dict[int, int]) -> None:
+        """The images of members with a base, at the transaction's size, into *fds*."""
+        for i, m in enumerate(members):
+            if m["fresh"]:
+                continue
+            fd = os.open(self.layout.image(m["volume_id"]), os.O_RDWR)
+            fds[i] = fd
+            if os.fstat(fd).st_size != m["size"]:
+                os.ftruncate(fd, m["size"])   # growth is part of the transaction
+
+    def _apply_records(self, fds: dict[int, int], cloner: _Cloner) -> None:
+        """Every journaled record into its image (fresh members' are in staging already)."""
+        wb = _Writeback()
+        pos = 0
+        with open(self.records_path, "rb", buffering=_BUF) as f:
+            while True:
+                raw = f.read(RECORD.size)
+                if len(raw) < RECORD.size:
+                    break
+                member, codec, flags, offset, length, _ck = RECORD.unpack(raw)
+                if flags & FLAG_DIRECT:
+                    continue
+                if codec == CODEC_ZERO:
+                    punch_hole(fds[member], offset, length)
+                elif flags & FLAG_DATA:
+                    cloner.copy(self._data(), pos, fds[member], offset, length, wb)
+                    pos = _aligned(pos + length)
+                    failpoint("receiver.mid_apply")   # the image now holds a mix
+                else:
+                    os.pwrite(fds[member], f.read(length), offset)
+                    wb.wrote(fds[member], length)
+
+    def _install_staged(self, members) -> None:
+        """Fresh members' staging images become the pool's images (renamed, durable)."""
         self.layout.images.mkdir(parents=True, exist_ok=True)
         for m in members:
             if not m["fresh"]:
@@ -457,4 +446,3 @@ class Journal:
                     os.close(fd)
                 os.replace(staged, self.layout.image(m["volume_id"]))
         store.fsync_dir(self.layout.images)
-        return cloner

@@ -23,18 +23,15 @@ from __future__ import annotations
 
 import base64
 import errno
-import fcntl
 import os
-import struct
 from pathlib import Path
 
+from ..host.reflink import UNSUPPORTED, clone_file_range
 from .blockmap import punch_hole
 from .protocol import CODEC_RAW, RECORD
 
 CLONE_MIN = 64 << 10
 ALIGN = 4096
-FICLONERANGE = 0x4020940D
-_NO_CLONE = {errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.ENOSYS, errno.EINVAL}
 _FLAG_INLINE = 0x1 | 0x2          # journal FLAG_DIRECT | FLAG_DATA: the payload is not inline
 _CHUNK = 1 << 20
 _ZEROS = bytes(_CHUNK)
@@ -166,11 +163,12 @@ def _aligned(n: int) -> int:
 
 
 def _clone(src: int, src_pos: int, dst: int, dst_pos: int, length: int) -> bool:
+    """FICLONERANGE; False where the kernel refuses (no reflink here, or not aligned)."""
     try:
-        fcntl.ioctl(dst, FICLONERANGE, struct.pack("=qQQQ", src, src_pos, length, dst_pos))
+        clone_file_range(src, src_pos, dst, dst_pos, length)
         return True
     except OSError as e:
-        if e.errno not in _NO_CLONE:
+        if e.errno not in UNSUPPORTED and e.errno != errno.EINVAL:
             raise
         return False
 

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from ..errors import DrsvcError, PeerUnreachable, StreamCorrupt
+from ..transport import LimitedChannel, TokenBucket
 from . import protocol
 from .blockmap import BlockMap
 from .protocol import T_CONTROL, T_HASHES, FrameReader
@@ -210,7 +211,6 @@ class ApplySession:
         self._attach(fresh=False)
 
     def _attach(self, *, fresh: bool) -> None:
-        from ..transport import LimitedChannel, TokenBucket
         self.lease = Lease(self.peer, "apply", fresh=fresh)
         self.raw = self.lease.chan
         self.chan = LimitedChannel(self.raw, TokenBucket(self.bwlimit)) if self.bwlimit else self.raw

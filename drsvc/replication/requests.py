@@ -11,7 +11,7 @@ from .. import store
 from ..config import SiteConfig
 from ..dispatch import Dispatcher
 from ..errors import (InvalidParameter, NotPrimary, NotSecondary, PointNotRestorable, RetentionGridInvalid,
-                      VolumeInGroup, VolumeInUse)
+                      VolumeInGroup, VolumeInUse, VolumeIsGroupMember)
 from ..ids import check_name
 from ..model import MOUNT, Capability, ContentSource
 from ..retention import check_grid
@@ -82,6 +82,18 @@ class ReplicationRequests:
             return
         self._run("disable", unit)
 
+    def refuse_member(self, unit: Unit) -> None:
+        """A volume that replicates as a member of its group is not a unit of its own: acting on
+        it alone would be a silent no-op (or split the group), so it is refused, naming the group.
+        (Disable is not refused here: the VolumeReplication controller finalizes a VR only once
+        Disable succeeds, and a member's Enable was refused, so there is nothing to end; the CLI
+        refuses `disable --volume <member>` itself.)"""
+        if unit.kind != "volume" or self.status.is_enabled(unit.unit_id):
+            return
+        gid = self.volumes.get_volume(unit.unit_id).group_id
+        if gid and self.status.is_enabled(gid):
+            raise VolumeIsGroupMember(volume_id=unit.unit_id, group_id=gid)
+
     # Promote and demote always go through the dispatcher, even when they would be
     # no-ops: the in-flight claim is what turns a concurrent, different operation
     # on the unit into ABORTED. The worker side returns at once when nothing is to do.
@@ -89,6 +101,7 @@ class ReplicationRequests:
         """With ``drsvc.io/recoveryPoint`` a secondary takes over at that point: its data
         becomes the volumes' (issue 21). At a primary the parameter changes nothing, as the
         controllers send the class's parameters with every Promote."""
+        self.refuse_member(unit)
         self.status.require_enabled(unit)
         point = self._restore_point(unit, (params or {}).get(points.RECOVERY_POINT, ""))
         self._run("promote", unit, force=force, **({"point": point} if point is not None else {}))
@@ -105,6 +118,7 @@ class ReplicationRequests:
         return point.generation
 
     def demote(self, unit: Unit, *, force: bool) -> None:
+        self.refuse_member(unit)
         self.status.require_enabled(unit)
         st = unit_state.find_state(self.pool, unit.unit_id)
         for vid in unit.members if st is None or st.role == "primary" else ():
@@ -112,6 +126,7 @@ class ReplicationRequests:
         self._run("demote", unit, force=force)
 
     def resync(self, unit: Unit, *, force: bool) -> bool:
+        self.refuse_member(unit)
         self.status.require_enabled(unit)
         st = unit_state.find_state(self.pool, unit.unit_id)
         if st is None or st.role != "secondary":
@@ -119,6 +134,7 @@ class ReplicationRequests:
         return bool(self._run("resync", unit, force=force).get("ready"))   # judged by content
 
     def sync_now(self, unit: Unit, *, wait: float | None = None) -> dict:
+        self.refuse_member(unit)
         self.status.require_enabled(unit)
         st = unit_state.find_state(self.pool, unit.unit_id)
         if st is not None and st.role != "primary":      # refused here: no task is queued
@@ -133,8 +149,9 @@ class ReplicationRequests:
         The receiver's unit lock keeps deltas out while the reflinks are taken,
         so every member is cloned at the same generation; replication goes on
         afterwards untouched."""
-        from .receiver import recover
+        from .replica import recover
         check_name(prefix, "name_prefix")
+        self.refuse_member(unit)
         self.status.require_enabled(unit)
         layout = PoolLayout(self.pool)
         with store.file_lock(layout.lock_path(unit.unit_id), blocking=True, key=unit.unit_id):

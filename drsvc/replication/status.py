@@ -44,6 +44,8 @@ class Info:
     consecutive_failures: int
     failures_total: int
     schedule_delay: float = 0.0        # primary: the last scheduled sync's start minus its slot
+    syncs_total: int = 0               # this site's successful syncs as the sender (counter)
+    sent_bytes_total: int = 0          # their bytes on the wire (counter)
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,8 @@ class ReplicationStatus:
                     last_sync_duration=last[1], last_sync_bytes=last[2],
                     status=status, status_message=message, lag_seconds=lag, missed_intervals=missed,
                     consecutive_failures=c.consecutive_failures, failures_total=c.failures_total,
-                    schedule_delay=c.last_sync_delay if role == "primary" else 0.0)
+                    schedule_delay=c.last_sync_delay if role == "primary" else 0.0,
+                    syncs_total=c.syncs_total, sent_bytes_total=c.sent_bytes_total)
 
     def units(self) -> list[str]:
         root = PoolLayout(self.pool).replication

@@ -1,78 +1,50 @@
 """Steps of one sync: small objects with ``run(attempt)`` and their part of the report.
 
 ``plan.reconcile`` names the steps (pure); ``plan_steps`` turns the names into
-objects. A step that leaves a generation to send (``ships``) is followed by
-``Ship``. Adding a step: write a class with a ``name``, ``run()`` (and ``ships``
-when it prepares a generation), decorate it with ``@register``, and let
+objects (``driver.Step``). A step that leaves a generation to send (``ships``) is
+followed by ``Ship``. Adding a step: write a class with a ``name``, ``run()`` (and
+``ships`` when it prepares a generation), decorate it with ``@register``, and let
 ``reconcile`` name it. The driver never changes.
+
+Steps work through the rooms below them: ``prepare`` (capture + plan),
+``stream`` (send a generation over the attempt's session) and ``snapstore``
+(intent, adopt).
 """
 from __future__ import annotations
 
-import os
 import shutil
 import time
 import uuid
-from dataclasses import dataclass, field
 
 from .. import store
 from ..errors import RoundAborted
 from . import health
+from .driver import Attempt
 from .faults import failpoint
-from .layout import PoolLayout
-from .report import SyncReport
-from .state import UnitState
+from .generation import Prepared
+from .prepare import prepare
+from .snapstore import adopt, mark_intent
+from .stream import stream
 
 
-@dataclass
-class Job:
-    """What one sync_unit call asks for; the same for every attempt."""
-    layout: PoolLayout
-    unit_id: str
-    members: list
-    peer: object
-    mountpoints: tuple = ()
-    epoch: int = 0
-    demote: bool = False
-    mode: str = "delta"
-    compress: str = "auto"
-    bwlimit: float | None = None
-    origin: dict | None = None
-    cut: object = None            # replication.cut.Cut: one node's part of a group spanning nodes
-    sources: dict | None = None   # volume id -> file captured instead of the live image (a CSI snapshot)
+def prepare_for(a: Attempt, **kw) -> Prepared:
+    """Capture and plan a generation of the attempt's unit (``prepare.prepare``)."""
+    j = a.job
+    return prepare(j.layout, a.st, j.members, mountpoints=j.mountpoints, bs=a.st.block_size, cut=j.cut,
+                   sources=j.sources, **kw)
 
 
-@dataclass
-class Attempt:
-    """What the steps of one attempt hand to each other."""
-    job: Job
-    st: UnitState
-    report: SyncReport
-    session: object = None        # remote.ApplySession, open for the whole attempt
-    peer_st: dict = field(default_factory=dict)
-    pending: object = None        # sender.Prepared: snap/<G+1> left by an earlier run
-    early: object = None          # sender.Prepared captured while connecting (against G)
-    prepared: object = None       # what Ship sends
-    t0: float = field(default_factory=time.monotonic)   # start of the sync
-
-    def drop_early(self) -> None:
-        if self.early is not None:
-            shutil.rmtree(self.early.dir, ignore_errors=True)
-            self.early = None
-
-    def prepare(self, **kw):
-        from .sender import prepare
-        j = self.job
-        return prepare(j.layout, self.st, j.members, mountpoints=j.mountpoints,
-                       bs=self.st.block_size, cut=j.cut, sources=j.sources, **kw)
-
-    def prepare_delta(self):
-        return self.prepare(txid=uuid.uuid4().hex, target=self.st.generation + 1,
-                            base_generation=self.st.generation, mode="delta")
+def prepare_delta(a: Attempt) -> Prepared:
+    """The next generation, planned against the acked base."""
+    return prepare_for(a, txid=uuid.uuid4().hex, target=a.st.generation + 1,
+                       base_generation=a.st.generation, mode="delta")
 
 
 class Step:
+    """The base of the step objects (``driver.Step``)."""
     name = "?"
     ships = False       # leaves a generation in attempt.prepared for Ship
+    reported = True
 
     def run(self, a: Attempt) -> None:
         raise NotImplementedError
@@ -92,7 +64,6 @@ class Finalize(Step):
     name = "finalize"
 
     def run(self, a: Attempt) -> None:
-        from .sender import adopt
         adopt(a.job.layout, a.st, a.pending, epoch=a.job.epoch, peer_name=a.job.peer.name)
         a.pending = None
         a.drop_early()          # it was planned against the old base
@@ -139,7 +110,7 @@ class Sync(Step):
     ships = True
 
     def run(self, a: Attempt) -> None:
-        a.prepared, a.early = a.early or a.prepare_delta(), None
+        a.prepared, a.early = a.early or prepare_delta(a), None
 
 
 @register
@@ -156,8 +127,8 @@ class Compare(Step):
         try:
             maps = a.session.fetch_maps(a.job.members, a.st.block_size, maps_dir)
             peer_gen = int(a.peer_st.get("generation") or 0)
-            a.prepared = a.prepare(txid=txid, target=max(a.st.generation, peer_gen) + 1,
-                                   base_generation=peer_gen, mode="compare", peer_maps=maps)
+            a.prepared = prepare_for(a, txid=txid, target=max(a.st.generation, peer_gen) + 1,
+                                     base_generation=peer_gen, mode="compare", peer_maps=maps)
         finally:
             shutil.rmtree(maps_dir, ignore_errors=True)
 
@@ -169,9 +140,9 @@ class Ship(Step):
     prepares, the round is decided by every part's vote (``Job.cut``), the decision
     goes to the peer, and only a committed round is adopted."""
     name = "ship"
+    reported = False
 
     def run(self, a: Attempt) -> None:
-        from .sender import Prepared, adopt, stream
         j, prepared = a.job, a.prepared
         meta = prepared.meta
         rid = meta.get("round")
@@ -180,16 +151,10 @@ class Ship(Step):
             self._drop(a, prepared, "cut this generation with it" if not rid else "finished its last round")
         a.report.mode = meta["mode"]           # the planner may have switched to compare
         a.report.phases["prepare_s"] = round(meta.get("capture_s", 0) + meta.get("plan_s", 0), 4)
-        if prepared.dir.name != str(meta["generation"]):
-            final = j.layout.snap_dir(j.unit_id, meta["generation"])
-            if final.exists():
-                shutil.rmtree(final)
-            os.rename(prepared.dir, final)     # from here on this generation may exist at the peer
-            store.fsync_dir(final.parent)
-            a.prepared = prepared = Prepared(final, meta)
+        a.prepared = prepared = mark_intent(j.layout, j.unit_id, prepared)   # it may now exist at the peer
         try:
             stream(a.session, prepared, a.report, unit_id=j.unit_id, epoch=j.epoch, demote=j.demote,
-                   kind=a.st.kind, peer_name=j.peer.name, compress=j.compress, origin=j.origin,
+                   kind=a.st.kind, compress=j.compress, origin=j.origin,
                    progress_path=health.progress_path(j.layout.root, j.unit_id), two_phase=j.cut is not None)
         except BaseException:
             if j.cut is not None:
@@ -213,7 +178,7 @@ class Ship(Step):
         a.prepared = None
 
     @staticmethod
-    def _drop(a: Attempt, prepared, why: str) -> None:
+    def _drop(a: Attempt, prepared: Prepared, why: str) -> None:
         """An aborted round: its generation is dropped here, as at the peer."""
         shutil.rmtree(prepared.dir, ignore_errors=True)
         store.fsync_dir(prepared.dir.parent)

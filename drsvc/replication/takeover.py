@@ -12,7 +12,7 @@ import uuid
 
 from .. import store
 from .layout import PoolLayout
-from .sender import prepare
+from .prepare import prepare
 from .state import get_state
 
 

@@ -27,10 +27,12 @@ options:
     type: str
     required: true
   volume_id:
-    description: The replicated volume. Mutually exclusive with I(group_id).
+    description: The replicated volume, or a unique prefix of its id (as the CLI takes). Mutually
+      exclusive with I(group_id).
     type: str
   group_id:
-    description: The replicated volume group. Mutually exclusive with I(volume_id).
+    description: The replicated volume group, or a unique prefix of its id. Mutually exclusive with
+      I(volume_id).
     type: str
   recovery_point:
     description:
@@ -155,21 +157,10 @@ from ansible.module_utils.basic import AnsibleModule
 # Upstream: grpc/grpc#43055 (EBADF after subprocess.Popen since grpcio 1.81; workaround as #13873).
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
-try:
-    import grpc
-    from drsvc_cli.client import DrClient, RpcFailed
-    IMPORT_ERROR = None
-except ImportError as e:  # reported through fail_json, not a traceback
-    IMPORT_ERROR = e
+from ansible.module_utils.drsvc_client import UNIT_ARGS, UNIT_EXCLUSIVE, Failed, SiteUnit, require_client
 
 LIMIT = 64 << 10
 CHUNK = 256          # files per sha256sum run: stays far below ARG_MAX
-
-
-class Failed(Exception):
-    def __init__(self, msg, code=None, **extra):
-        super().__init__(msg)
-        self.msg, self.code, self.extra = msg, code, extra
 
 
 def files_under(root):
@@ -199,34 +190,8 @@ def parse_sha256sum(text):
     return sums
 
 
-class Drill:
-    def __init__(self, module):
-        p = module.params
-        self.module = module
-        self.p = p
-        self.sel = {"volume_id": p["volume_id"]} if p["volume_id"] else {"group_id": p["group_id"]}
-        self.name = p["volume_id"] or p["group_id"]
-        self.kind = "volume" if p["volume_id"] else "volume group"
-        self.endpoint = p["endpoint"]
-        self.client = DrClient(self.endpoint, secrets=p["secrets"] or {})
-        try:
-            grpc.channel_ready_future(self.client.channel).result(timeout=p["connect_timeout"])
-        except grpc.FutureTimeoutError:
-            raise Failed(f"endpoint {self.endpoint} is unreachable (no answer in {p['connect_timeout']}s)",
-                         code="UNAVAILABLE") from None
-
-    def retry(self, what, fn):
-        try:
-            return self.client.until_done(fn, wait=self.p["wait"])
-        except RpcFailed as e:
-            raise Failed(f"{what} at {self.endpoint} failed: {e.code.name}: {e.message}", code=e.code.name) from e
-
-    def status(self):
-        try:
-            return self.client.status(**self.sel)
-        except RpcFailed as e:
-            raise Failed(f"status of {self.kind} {self.name} at {self.endpoint}: {e.code.name}: {e.message}",
-                         code=e.code.name) from e
+class Drill(SiteUnit):
+    """The unit (a whole id or a unique prefix) at the secondary site, and its drill."""
 
     # -- verification -------------------------------------------------------------------------
     def probe(self, mounts, sources):
@@ -325,27 +290,21 @@ class Drill:
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            endpoint=dict(type="str", required=True),
-            volume_id=dict(type="str"),
-            group_id=dict(type="str"),
+            UNIT_ARGS,
             recovery_point=dict(type="str"),
             verify_command=dict(type="list", elements="str"),
             expected_sha256=dict(type="dict"),
-            require_pass=dict(type="bool", default=True),
+            # a flag, not a secret (its name only looks like one to Ansible's no_log check)
+            require_pass=dict(type="bool", default=True, no_log=False),
             scratch_dir=dict(type="path"),
             prefix=dict(type="str"),
             fs_type=dict(type="str", default="ext4"),
-            wait=dict(type="float", default=120),
-            connect_timeout=dict(type="float", default=10),
-            secrets=dict(type="dict", no_log=True),
         ),
-        mutually_exclusive=[("volume_id", "group_id"), ("verify_command", "expected_sha256")],
-        required_one_of=[("volume_id", "group_id")],
+        mutually_exclusive=UNIT_EXCLUSIVE + [("verify_command", "expected_sha256")],
+        required_one_of=UNIT_EXCLUSIVE,
         supports_check_mode=True,
     )
-    if IMPORT_ERROR is not None:
-        module.fail_json(msg=f"drsvc_cli is not importable by this interpreter: {IMPORT_ERROR}; "
-                             "set ansible_python_interpreter to the Python that has drsvc installed")
+    require_client(module)
     drill = None
     try:
         drill = Drill(module)
@@ -354,7 +313,7 @@ def main():
         module.fail_json(msg=e.msg, code=e.code, **e.extra)
     finally:
         if drill is not None:
-            drill.client.close()
+            drill.close()
     if "passed" in result and not result["passed"] and module.params["require_pass"]:
         why = result.get("error") or f"rc={result['rc']}" + (
             f", mismatched: {', '.join(result['mismatches'])}" if result.get("mismatches") else "")

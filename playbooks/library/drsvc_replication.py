@@ -23,10 +23,12 @@ options:
     type: str
     required: true
   volume_id:
-    description: The volume to act on. Mutually exclusive with I(group_id).
+    description: The volume to act on, or a unique prefix of its id (as the CLI takes). Mutually
+      exclusive with I(group_id).
     type: str
   group_id:
-    description: The volume group to act on. Mutually exclusive with I(volume_id).
+    description: The volume group to act on, or a unique prefix of its id. Mutually exclusive with
+      I(volume_id).
     type: str
   state:
     description:
@@ -113,7 +115,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 unit_id:
-  description: The unit acted on.
+  description: The unit acted on (the whole id, when a prefix was given).
   returned: always
   type: str
 action:
@@ -153,19 +155,7 @@ sync:
 
 
 from ansible.module_utils.basic import AnsibleModule
-
-try:
-    import grpc
-    from drsvc_cli.client import DrClient, RpcFailed
-    IMPORT_ERROR = None
-except ImportError as e:  # reported through fail_json, not a traceback
-    IMPORT_ERROR = e
-
-
-class Failed(Exception):
-    def __init__(self, msg, code=None, **extra):
-        super().__init__(msg)
-        self.msg, self.code, self.extra = msg, code, extra
+from ansible.module_utils.drsvc_client import UNIT_ARGS, UNIT_EXCLUSIVE, Failed, SiteUnit, require_client
 
 
 def parse_interval(text):
@@ -181,41 +171,11 @@ def parse_interval(text):
         raise Failed(f"interval {text!r}: {e}", code="INVALID_ARGUMENT") from e
 
 
-class Unit:
+class Unit(SiteUnit):
     def __init__(self, module):
-        p = module.params
-        self.module = module
+        super().__init__(module)
         self.check = module.check_mode
-        self.wait = p["wait"]
-        self.sel = {"volume_id": p["volume_id"]} if p["volume_id"] else {"group_id": p["group_id"]}
-        self.name = p["volume_id"] or p["group_id"]
-        self.kind = "volume" if p["volume_id"] else "volume group"
-        self.endpoint = p["endpoint"]
-        self.client = DrClient(self.endpoint, secrets=p["secrets"] or {})
-        try:
-            grpc.channel_ready_future(self.client.channel).result(timeout=p["connect_timeout"])
-        except grpc.FutureTimeoutError:
-            raise Failed(f"endpoint {self.endpoint} is unreachable (no answer in {p['connect_timeout']}s)",
-                         code="UNAVAILABLE") from None
-
-    def status(self):
-        """The unit's status, or None when replication is not enabled for it at this site."""
-        try:
-            return self.client.status(**self.sel)
-        except RpcFailed as e:
-            # NOT_FOUND covers both "no such volume" and "not enabled"; only the latter is a state
-            if e.code == grpc.StatusCode.NOT_FOUND and "not enabled" in e.message:
-                return None
-            raise Failed(f"status of {self.kind} {self.name} at {self.endpoint}: {e.code.name}: {e.message}",
-                         code=e.code.name) from e
-
-    def call(self, method, **fields):
-        try:
-            return self.client.until_done(lambda: self.client.replication(method, **self.sel, **fields),
-                                          wait=self.wait)
-        except RpcFailed as e:
-            raise Failed(f"{method} of {self.kind} {self.name} at {self.endpoint} failed: "
-                         f"{e.code.name}: {e.message}", code=e.code.name, retryable=e.retryable) from e
+        self.wait = module.params["wait"]
 
     def need(self, before, what):
         if before is None:
@@ -291,12 +251,7 @@ class Unit:
                          code="FAILED_PRECONDITION")
         if self.check:
             return True, "sync", {}
-        try:
-            out = self.client.until_done(lambda: self.client.sync_now(**self.sel, wait=self.wait),
-                                         wait=self.wait)
-        except RpcFailed as e:
-            raise Failed(f"sync of {self.kind} {self.name} at {self.endpoint} failed: {e.code.name}: {e.message}",
-                         code=e.code.name, retryable=e.retryable) from e
+        out = self.retry(f"sync of {self.kind} {self.name}", lambda: self.client.sync_now(**self.sel, wait=self.wait))
         return not out["skipped"], "sync", {"sync": out}
 
     def status_only(self, before):
@@ -306,40 +261,33 @@ class Unit:
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            endpoint=dict(type="str", required=True),
-            volume_id=dict(type="str"),
-            group_id=dict(type="str"),
+            UNIT_ARGS,
             state=dict(type="str", default="status",
                        choices=["enabled", "disabled", "primary", "secondary", "resynced", "synced", "status"]),
             force=dict(type="bool", default=False),
             recovery_point=dict(type="str"),
             interval=dict(type="str"),
             peer=dict(type="str"),
-            wait=dict(type="float", default=120),
-            connect_timeout=dict(type="float", default=10),
-            secrets=dict(type="dict", no_log=True),
         ),
-        mutually_exclusive=[("volume_id", "group_id")],
-        required_one_of=[("volume_id", "group_id")],
+        mutually_exclusive=UNIT_EXCLUSIVE,
+        required_one_of=UNIT_EXCLUSIVE,
         supports_check_mode=True,
     )
-    if IMPORT_ERROR is not None:
-        module.fail_json(msg=f"drsvc_cli is not importable by {module._name}'s interpreter: {IMPORT_ERROR}; "
-                             "set ansible_python_interpreter to the Python that has drsvc installed")
+    require_client(module)
     state = module.params["state"]
     unit = None
     try:
         unit = Unit(module)
-        before = unit.status()
+        before = unit.status_or_none()
         handler = {"status": unit.status_only}.get(state) or getattr(unit, state)
         changed, action, extra = handler(before)
         # in check mode nothing changed, so what is true now is still "before"
-        after = before if module.check_mode or not changed else unit.status()
+        after = before if module.check_mode or not changed else unit.status_or_none()
     except Failed as e:
         module.fail_json(msg=e.msg, code=e.code, **e.extra)
     finally:
         if unit is not None:
-            unit.client.close()
+            unit.close()
     result = dict(changed=changed, action=action, unit_id=(after or before or {}).get("unit_id", unit.name),
                   enabled=after is not None, before=before, status=after, **extra)
     if after is not None:

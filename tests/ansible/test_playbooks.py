@@ -40,6 +40,7 @@ def ansible(lab, tmp_path):
     path.write_text(yaml.safe_dump(inv))
     (tmp_path / "ansible-tmp").mkdir()
     env = {**os.environ, "ANSIBLE_LIBRARY": str(PLAYBOOKS / "library"), "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_MODULE_UTILS": str(PLAYBOOKS / "module_utils"),      # ad-hoc runs (playbooks find it)
            "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-tmp"), "ANSIBLE_REMOTE_TEMP": str(tmp_path / "ansible-tmp"),
            "ANSIBLE_HOST_KEY_CHECKING": "False", "ANSIBLE_RETRY_FILES_ENABLED": "False",
            "ANSIBLE_CONFIG": str(tmp_path / "none.cfg"),   # no ansible.cfg from the cwd or home
@@ -105,10 +106,10 @@ def replicated_volume(lab, ansible, name, *, seed):
         r = ansible.module("drsvc_replication", endpoint=endpoint, volume_id=vid, state="enabled",
                            peer="b", interval=INTERVAL)
         assert r["changed"] and r["role"] == "primary" and r["status"]["interval_seconds"] == 2
-        # enabling again alike changes nothing
-        again = ansible.module("drsvc_replication", endpoint=endpoint, volume_id=vid, state="enabled",
+        # enabling again alike changes nothing; a unique id prefix names the volume, as in the CLI
+        again = ansible.module("drsvc_replication", endpoint=endpoint, volume_id=vid[:10], state="enabled",
                                peer="b", interval=INTERVAL)
-        assert again["changed"] is False and again["action"] == "none"
+        assert again["changed"] is False and again["action"] == "none" and again["unit_id"] == vid
         wait_generation(a, {"volume_id": vid}, 2)
     return vid
 
@@ -237,9 +238,11 @@ def test_drill_verifies_clones_and_keeps_the_schedule(lab, ansible, tmp_path):
         # check mode: only reads
         ansible.playbook("drill.yml", check=True, primary_site="a", secondary_site="b", volume_id=vid)
         # the default verification with the expected checksums
-        out = ansible.playbook("drill.yml", "-v", primary_site="a", secondary_site="b", volume_id=vid,
+        # (a unique id prefix names the volume, as in the CLI)
+        out = ansible.playbook("drill.yml", "-v", primary_site="a", secondary_site="b", volume_id=vid[:12],
                                drill_expected_sha256=sums)
         assert "verification passed (rc 0) on 1 clone(s); 3 file(s) checksummed; clean-up done" in out, out
+        assert "no_log" not in out, out       # issue 23: "Module did not set no_log for require_pass"
         for digest in sums.values():
             assert digest in out
         # a user-supplied probe, given the mount path as its last argument

@@ -35,7 +35,7 @@ def check_times(stat, runs: int) -> None:
     assert stat["best"] == min(stat["runs"]) and stat["best"] <= stat["median"] <= max(stat["runs"])
 
 
-def check_case(c: dict, *, runs: int, cold: bool, rsync: bool = True) -> None:
+def check_case(c: dict, *, runs: int, cold: bool, rsync: bool = True, random_data: bool = True) -> None:
     check_times(c["drsvc_s"], runs)
     if rsync:
         check_times(c["rsync_s"], runs)
@@ -48,7 +48,8 @@ def check_case(c: dict, *, runs: int, cold: bool, rsync: bool = True) -> None:
     else:
         assert c["floor_s"] is None and c["floor_exact_s"] is None
     assert c["changed_bytes"] > 0
-    assert c["drsvc_wire_bytes"] >= c["changed_bytes"]          # random data: nothing compresses
+    if random_data:
+        assert c["drsvc_wire_bytes"] >= c["changed_bytes"]      # random data: nothing compresses
     assert len(c["drsvc_phases"]) == runs and all(c["drsvc_phases"])
     assert all(v >= 0 for v in c["drsvc_phases_median"].values())
     assert {"capture_s", "plan_s", "stream_s"} <= set(c["drsvc_phases_median"])
@@ -128,3 +129,58 @@ def test_many_through_celery(capsys):
     assert many["changed_bytes"] == 3 * int((16 << 20) // 4096 * 0.01) * 4096
     check_case(cases["idle_celery"], runs=2, cold=False, rsync=False)
     check_times(cases["idle_celery"]["worker_job_s"], 2)
+
+
+def check_link(c: dict, spec: dict) -> None:
+    """A case over the link carries its floors (wire / rate + RTT, changed / rate + RTT) and ratios."""
+    lk = c["link"]
+    assert lk["rtt_s"] == spec["rtt_s"] and lk["rate_bytes_s"] == spec["rate_bytes_s"]
+    assert lk["floor_s"]["median"] >= spec["rtt_s"] and lk["data_floor_s"]["median"] >= spec["rtt_s"]
+    assert abs(lk["data_floor_s"]["best"] - (c["changed_bytes"] / spec["rate_bytes_s"] + spec["rtt_s"])) < 1e-3
+    assert lk["x_floor"] == pytest.approx(c["drsvc_s"]["median"] / lk["floor_s"]["median"], rel=0.01)
+    assert lk["x_floor"] >= 1          # nothing crosses the emulated link faster than its floor
+    assert c["replica_matches_source"] is True
+
+
+def test_over_a_link(capsys):
+    """--link: every WAN case with tiny sizes, site a reaching b through the emulator."""
+    doc = run_bench(capsys, "--link", "rtt=20ms,rate=200mbit", "--size-gib", "0.03125", "--full-mib", "8",
+                    "--idle-mib", "16", "--idle-syncs", "2", "--db-mib", "8", "--many-count", "2",
+                    "--many-mib", "16", "--failover-volume-mib", "16", "--failover-mib", "2", "--repeat", "1",
+                    "--channel-mib", "8")
+    spec = doc["link"]
+    assert spec["spec"] == "rtt=20ms,rate=200mbit" and spec["rate_bytes_s"] == 25e6
+    assert spec["queue_bytes"] == int(25e6 * 0.02) + (1 << 20)
+    cases = {c["name"]: c for c in doc["cases"]}
+    assert list(cases) == ["full", "1pct", "idle", "dbpages", "many", "idle_celery", "failover"]
+    for c in cases.values():
+        check_link(c, spec)
+    for name in ("full", "1pct", "dbpages", "many"):
+        check_case(cases[name], runs=1, cold=True, random_data=name != "dbpages")
+        assert cases[name]["link"]["rsync_x_floor"] > 0
+    assert cases["full"]["changed_bytes"] == 8 << 20                # --full-mib, apart from the 32 MiB image
+    assert cases["1pct"]["changed_bytes"] == int((32 << 20) // 4096 * 0.01) * 4096
+    wc = cases["full"]["wan_ceilings"]
+    assert wc["link_mib_s"] == round(25e6 / (1 << 20), 1) and wc["emulator_mib_s"] > 0
+    assert set(wc["paramiko_mib_s"]) == {"1", "8"} and all(v > 0 for v in wc["paramiko_mib_s"].values())
+    db = cases["dbpages"]
+    assert db["changed_bytes"] == int(8 * 128 * 0.1) * 8192
+    assert db["drsvc_wire_bytes"] < 0.8 * db["changed_bytes"]      # the pages compress (about 2:1)
+    fo = cases["failover"]
+    assert fo["changed_bytes"] == 2 << 20 and fo["drsvc_wire_bytes"] >= 2 << 20
+    ph = fo["drsvc_phases"][0]
+    assert ph["demote_s"] > 0 and ph["promote_s"] > 0
+    assert abs(fo["drsvc_s"]["median"] - ph["demote_s"] - ph["promote_s"]) < 1e-3
+
+
+def test_db_pages_compress_about_two_to_one():
+    import zstandard
+
+    from bench.dbpages import PAGE, page
+    rnd = random.Random(3)
+    pages = [page(rnd, n, 7) for n in range(32)]
+    assert {len(p) for p in pages} == {PAGE} and len(set(pages)) == 32
+    ratio = 32 * PAGE / len(zstandard.ZstdCompressor(level=1).compress(b"".join(pages)))
+    assert 1.8 <= ratio <= 2.3
+    again = page(random.Random(3), 0, 8)
+    assert again[:4096] != pages[0][:4096] and again[4096:] != pages[0][4096:]    # a new version changes both blocks

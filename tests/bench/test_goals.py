@@ -69,3 +69,51 @@ def test_ceilings_are_shown_beside_the_goals_they_bound():
         "[image of 108824 extents, one FIEMAP 0.360 s, 2560 ranges cloned at <= 160 us (capture) "
         "and 80 us (adopt) each]")
     assert verdicts({"cold": True, "cases": [full, aged]})["full: >= 400 MB/s"] is False
+
+
+def linked(c, *, rtt=0.1, rate=125e6, rsync=None):
+    """A case as a --link run reports it: its floors over the link (bench.wan.add_floors)."""
+    floor = c["drsvc_wire_bytes"] / rate + rtt
+    data = c["changed_bytes"] / rate + rtt
+    c["link"] = {"rtt_s": rtt, "rate_bytes_s": rate, "spec": "rtt=100ms,rate=1000mbit",
+                 "floor_s": {"best": floor, "median": floor, "runs": [floor]},
+                 "data_floor_s": {"best": data, "median": data, "runs": [data]},
+                 "x_floor": round(c["drsvc_s"]["median"] / floor, 2),
+                 "rsync_x_floor": round(rsync / floor, 2) if rsync else None}
+    return c
+
+
+def wan_doc(*cases):
+    return {"cold": True, "link": {"spec": "rtt=100ms,rate=1000mbit", "rtt_s": 0.1, "rate_bytes_s": 125e6,
+                                   "queue_bytes": 13_500_000}, "cases": list(cases)}
+
+
+def test_wan_goals_are_judged_against_the_floor_over_the_link():
+    gib = 1 << 30
+    full = linked(case("full", gib / (0.85 * 125e6), 60.0, floor=0.6, changed=gib))    # exactly 85% of the link
+    onepct = linked(case("1pct", 1.2 * ((10 << 20) / 125e6 + 0.1), 5.0, floor=0.3))    # exactly 1.2 x floor
+    idle = linked(case("idle", 8192 / 125e6 + 0.1 + 0.1, changed=8192))               # floor + 1 RTT
+    fo = linked(case("failover", (8 << 20) / 125e6 + 0.1 + 0.2, changed=8 << 20))      # floor + 2 RTT
+    db = linked(case("dbpages", (20 << 20) / 125e6 + 0.1, 3.0, changed=20 << 20, wire=10 << 20))  # = raw floor
+    v = verdicts(wan_doc(full, onepct, idle, fo, db))
+    assert v["full: >= 85% of the link rate"] is True
+    assert v["1pct: <= 1.2 x floor"] is True
+    assert v["idle: <= floor + 1 RTT"] is True and v["failover: <= floor + 2 RTT"] is True
+    assert v["dbpages: < the uncompressed floor"] is False        # equal to it is not below it
+    assert "full: >= 400 MB/s" not in v and "1pct cold: <= 1.5 x floor_s + 50 ms" not in v   # LAN goals: LAN only
+    assert v["full: freeze <= 100 ms"] is True                                            # judged on any link
+    for c in (full, onepct, idle, fo):
+        c["drsvc_s"]["median"] *= 1.01
+    db["drsvc_s"]["median"] *= 0.99
+    v = verdicts(wan_doc(full, onepct, idle, fo, db))
+    assert not any(v[k] for k in ("full: >= 85% of the link rate", "1pct: <= 1.2 x floor",
+                                  "idle: <= floor + 1 RTT", "failover: <= floor + 2 RTT"))
+    assert v["dbpages: < the uncompressed floor"] is True
+
+
+def test_wan_table_and_summary_have_a_row_per_case():
+    from bench.goals import summary
+    doc = wan_doc(linked(case("1pct", 0.5, 2.0, floor=0.3), rsync=2.0), linked(case("idle", 0.3, changed=8192)))
+    assert table(doc).count("\n") == 1 + 2 and "floor (wire / rate + RTT)" in table(doc)
+    rows = summary([doc, doc]).splitlines()
+    assert len(rows) == 2 + 4 and rows[2].startswith("| rtt=100ms,rate=1000mbit | 1pct | 0.500 s")

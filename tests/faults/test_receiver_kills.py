@@ -13,7 +13,7 @@ import pytest
 from drsvc.errors import DrsvcError
 from drsvc.replication import peer_status, sync_unit
 from drsvc.replication.layout import PoolLayout
-from drsvc.replication.sender import generation_image
+from drsvc.replication.snapstore import generation_image
 from tests.dr.helpers import generation, wait_for, write_random
 
 from .steps import (MiB, Generations, check_converged, file_sha, kill_receivers, peer_of, receiver_pids,

@@ -51,11 +51,11 @@ def test_dr_copy_rule_fires_for_an_old_secondary_only(tmp_path):
             "interval": "15s",
             "input_series": [
                 # vol-old at b: 10 s interval, data age grows 15 s per step (the primary went silent)
-                {"series": f'drsvc_replication_lag_seconds{{{lab},unit="vol-old"}}', "values": "0+15x10"},
+                {"series": f'drsvc_replication_data_age_seconds{{{lab},unit="vol-old"}}', "values": "0+15x10"},
                 {"series": f'drsvc_replication_interval_seconds{{{lab},unit="vol-old"}}', "values": "10x10"},
                 {"series": f'drsvc_replication_role{{{lab},unit="vol-old",role="secondary"}}', "values": "1x10"},
                 # vol-new at b: fresh data
-                {"series": f'drsvc_replication_lag_seconds{{{lab},unit="vol-new"}}', "values": "5x10"},
+                {"series": f'drsvc_replication_data_age_seconds{{{lab},unit="vol-new"}}', "values": "5x10"},
                 {"series": f'drsvc_replication_interval_seconds{{{lab},unit="vol-new"}}', "values": "10x10"},
                 {"series": f'drsvc_replication_role{{{lab},unit="vol-new",role="secondary"}}', "values": "1x10"},
                 # a primary's lag is the other rule's business

@@ -73,7 +73,7 @@ def test_cli_runbook_end_to_end(lab):
     assert cl["result"]["volumes"][0]["volume_id"] != vid
     drsvc(sa, "volume", "delete", cl["result"]["volumes"][0]["volume_id"])
     _, dis = drsvc(sb, "disable", "--volume", vid)
-    assert dis["result"] == {"enabled": False}
+    assert (dis["result"]["enabled"], dis["result"]["changed"], dis["result"]["site"]) == (False, True, "b")
     rc, _ = drsvc(sa, "group", "delete", gid, check=False)
     assert rc == EXIT_REFUSED           # still replicated
     drsvc(sa, "disable", "--group", gid)

@@ -16,7 +16,7 @@ import redis
 
 from tests.dr.helpers import generation, wait_for, write_random
 
-USAGE, REFUSED, NOT_FOUND = 2, 4, 5
+USAGE, RETRY, REFUSED, NOT_FOUND = 2, 3, 4, 5
 
 
 def run(args, *, as_json: bool):
@@ -59,6 +59,30 @@ def test_usage_errors_without_a_site(tmp_path):
     check(["status", "--bogus"], USAGE, message="unrecognized arguments")
     check(["frobnicate"], USAGE, message="invalid choice")
     check(["demo", "down"], USAGE, message="--root")
+    # --config and --endpoint name two sites: which one was meant? (issue 23: --endpoint won silently)
+    doc = check(["status", "--config", missing, "--endpoint", "unix:///run/b.sock"], USAGE, message="not both")
+    assert "--endpoint unix:///run/b.sock" in doc["error"]["message"]
+    check(["promote", "--volume", "v", "--endpoint", "unix:///run/b.sock", "--config", missing], USAGE,
+          message="not both")
+
+
+def test_an_unreachable_socket_says_so_and_what_to_run(tmp_path):
+    """Issue 23: rc 3 with raw gRPC text and no hint. Now: which socket, why, and the command
+    that shows the site's processes (and their logs)."""
+    gone = tmp_path / "gone.sock"
+    doc = check(["status", "--endpoint", f"unix://{gone}"], RETRY, error="UNAVAILABLE", message="unreachable")
+    assert str(gone) in doc["error"]["message"] and "drsvc site status --config" in doc["error"]["message"]
+    # a socket file nobody listens on (a plugin that died)
+    import socket as so
+    dead = tmp_path / "dead.sock"
+    s = so.socket(so.AF_UNIX)
+    s.bind(str(dead))
+    s.close()
+    cfg = tmp_path / "a.toml"
+    cfg.write_text(f'site = "a"\npool = "{tmp_path}/pool"\nendpoint = "unix://{dead}"\n')
+    doc = check(["promote", "--volume", "vol-x", "--config", str(cfg), "--timeout", "2"], RETRY,
+                error="UNAVAILABLE", message="nothing answered")
+    assert f"drsvc site status --config {cfg}" in doc["error"]["message"]
 
 
 def test_exit_codes_against_a_site(lab):
@@ -87,7 +111,8 @@ def test_exit_codes_against_a_site(lab):
     doc = check(["status", "--config", A, "--volume", "vol-"], USAGE, message="ambiguous")
     assert vid in doc["error"]["message"] and vid2 in doc["error"]["message"]
     p, doc = run(["volume", "delete", "--config", A, vid2[:12]], as_json=True)
-    assert p.returncode == 0 and doc["result"] == {"volume_id": vid2, "deleted": True}, doc
+    assert p.returncode == 0 and doc["result"] == {"volume_id": vid2, "deleted": True, "changed": True,
+                                                   "site": "a"}, doc
 
     write_random(sa, vid, seed=3)
     p, doc = run(["enable", "--config", A, "--volume", vid[:10], "--interval", "1h"], as_json=True)

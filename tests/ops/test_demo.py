@@ -95,6 +95,16 @@ def test_demo_keep_then_down_leaves_nothing(tmp_path):
         assert all(_alive(s["redis_pid"]) and _alive(s["sshd_pid"]) for s in sites.values()), sites
         assert all(Path(s["config"]).exists() for s in sites.values())
         assert doc["down"] == f"drsvc demo down --root {shlex.quote(str(root))}"
+
+        # it ends with ready-to-paste commands: status, a drill with the demo's inventory, Flower, teardown
+        nxt = doc["next"]
+        assert nxt["teardown"] == doc["down"] and "drsvc flower --config" in nxt["flower"]
+        assert f"-i {root / 'inventory.yml'}" in nxt["drill"] and (root / "inventory.yml").exists(), nxt
+        for key in ("status", "drill"):
+            r = subprocess.run(["bash", "-c", nxt[key]], capture_output=True, text=True, timeout=300)
+            assert r.returncode == 0, (key, r.stdout[-3000:], r.stderr[-2000:])
+            if key == "drill":
+                assert "verification passed" in r.stdout and "no_log" not in r.stdout + r.stderr, r.stdout
     finally:
         argv = shlex.split(doc.get("down") or f"drsvc demo down --root {root}")
         assert argv[:3] == ["drsvc", "demo", "down"]

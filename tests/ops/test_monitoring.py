@@ -97,9 +97,13 @@ def test_flower_shows_replication_tasks_without_secrets(lab, tmp_path):
     wait_for(lambda: generation(sa, vol) >= 2, 60, what="syncs")
     port = free_port()
     env = dict(os.environ, FLOWER_UNAUTHENTICATED_API="true")
-    with open(tmp_path / "flower.log", "wb") as log:
-        p = subprocess.Popen([sys.executable, "-m", "drsvc_cli.main", "flower", "--config", str(sa.config_path),
-                              "--port", str(port)], env=env, stdout=log, stderr=log, start_new_session=True)
+
+    def flower():
+        with open(tmp_path / "flower.log", "ab") as log:
+            return subprocess.Popen([sys.executable, "-m", "drsvc_cli.main", "flower", "--config",
+                                     str(sa.config_path), "--port", str(port)], env=env, stdout=log, stderr=log,
+                                    start_new_session=True)
+    p = flower()
     try:
         wait_port(port, 30)
 
@@ -125,6 +129,19 @@ def test_flower_shows_replication_tasks_without_secrets(lab, tmp_path):
         shot.parent.mkdir(parents=True, exist_ok=True)
         r = _headless(tool, f"--screenshot={shot}", "--window-size=1600,900", f"http://127.0.0.1:{port}/tasks")
         assert r.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", r.stderr[-2000:]
+        # a scheduled sync's slot reads as a time, not epoch seconds
+        scheduled = [t for t in done if "schedule" in (t.get("kwargs") or "")]
+        assert scheduled and all(re.search(r"'scheduled_at': '\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC'", t["kwargs"])
+                                 for t in scheduled), [t.get("kwargs") for t in done]
+        # history is kept in the site's run directory: a restarted Flower still lists these tasks
+        seen = {t["uuid"] for t in done}
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(timeout=30)
+        assert list(sa.run.run_dir.glob("flower.db*")), sorted(sa.run.run_dir.iterdir())
+        p = flower()
+        wait_port(port, 30)
+        kept = urllib.request.urlopen(f"http://127.0.0.1:{port}/api/tasks?limit=1000", timeout=10).read()
+        assert seen <= set(json.loads(kept)), "Flower lost its history on restart"
     finally:
         os.killpg(p.pid, signal.SIGTERM)
         p.wait(timeout=20)
@@ -173,3 +190,73 @@ def test_one_scheduler_acts(lab):
         os.killpg(second.pid, signal.SIGTERM)
         out = second.communicate(timeout=20)[0].decode()
     assert out.count("is leader") == 1, out
+
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "drsvc-dashboard.json"
+
+
+def _names(scraped: dict) -> set:
+    return {k.split("{")[0] for k in scraped}
+
+
+def test_counters_data_age_and_the_dashboard(lab):
+    """syncs_total{result} and sent_bytes_total count in the sync outcome record, so a restart of
+    the metrics process keeps them; data age at the secondary, lag at the primary; and every
+    metric the Grafana dashboard queries is on a real site's /metrics."""
+    A = lab.clients["a"]
+    sa, sb = lab.sites["a"], lab.sites["b"]
+    vol = A.create_volume("counted", 64 << 20).volume_id
+    write_random(sa, vol, seed=7)
+    A.retry("EnableVolumeReplication", volume_id=vol, parameters={"schedulingInterval": "2s"})
+    wait_for(lambda: generation(sb, vol) >= 3, 90, what="three syncs at b")
+    ka = f'site="a",unit="{vol}",kind="volume",peer="b"'
+    kb = f'site="b",unit="{vol}",kind="volume",peer="a"'
+    wait_port(sa.cfg.metrics_port)
+    m1 = Metrics(scrape(sa.cfg.metrics_port))
+    ok1 = m1[f'drsvc_replication_syncs_total{{{ka},result="success"}}']
+    sent1 = m1[f"drsvc_replication_sent_bytes_total{{{ka}}}"]
+    assert ok1 >= 3 and m1[f'drsvc_replication_syncs_total{{{ka},result="failure"}}'] == 0
+    assert sent1 >= m1[f"drsvc_replication_last_sync_bytes{{{ka}}}"] > 0
+    # lag at the primary, data age at the secondary: one meaning per name
+    assert m1.get(_norm(f"drsvc_replication_lag_seconds{{{ka}}}")) is not None
+    assert m1.get(_norm(f"drsvc_replication_data_age_seconds{{{ka}}}")) is None
+    wait_port(sb.cfg.metrics_port)
+    mb = Metrics(scrape(sb.cfg.metrics_port))
+    assert mb.get(_norm(f"drsvc_replication_lag_seconds{{{kb}}}")) is None
+    assert mb[f"drsvc_replication_data_age_seconds{{{kb}}}"] >= 0
+
+    # a restart of the metrics process: the counters go on from where they were
+    sa.run.stop("metrics")
+    sa.run.start("metrics")
+
+    def scraped():
+        try:
+            return Metrics(scrape(sa.cfg.metrics_port))
+        except OSError:             # not listening yet, or still starting
+            return None
+    m2 = wait_for(scraped, 60, interval=0.5, what="the restarted metrics process")
+    assert m2[f'drsvc_replication_syncs_total{{{ka},result="success"}}'] >= ok1
+    assert m2[f"drsvc_replication_sent_bytes_total{{{ka}}}"] >= sent1
+    write_random(sa, vol, count=4, seed=8)
+    wait_for(lambda: Metrics(scrape(sa.cfg.metrics_port))[f"drsvc_replication_sent_bytes_total{{{ka}}}"]
+             >= sent1 + 4 * 65536, 60, what="the changed blocks counted as sent")
+
+    # the peer away: failures count, under result="failure" too
+    lab.stop_sshd("b")
+    try:
+        wait_for(lambda: Metrics(scrape(sa.cfg.metrics_port))[f'drsvc_replication_syncs_total{{{ka},result="failure"}}']
+                 >= 1, 90, what="a failed sync counted")
+    finally:
+        lab.start_sshd("b")
+
+    # promtool's linter is content with both sites' pages (counters end in _total, every metric has help)
+    for site in (sa, sb):
+        page = urllib.request.urlopen(f"http://127.0.0.1:{site.cfg.metrics_port}/metrics", timeout=10).read()
+        lint = subprocess.run([shutil.which("promtool") or "promtool", "check", "metrics"], input=page,
+                              capture_output=True, timeout=60)
+        assert lint.returncode == 0, lint.stdout.decode() + lint.stderr.decode()
+
+    queried = set(re.findall(r"\b(drsvc_[a-z_]+)", DASHBOARD.read_text()))
+    served = _names(m2) | _names(mb)
+    assert queried and queried <= served, f"the dashboard queries {sorted(queried - served)}, not on /metrics"
+    json.loads(DASHBOARD.read_text())

@@ -125,12 +125,12 @@ def test_secondary_degrades_when_primary_is_silent_and_recovers(lab):
         m2 = Metrics(scrape(port))
         c2 = _cli_status(sb, vol)
         assert s2["lag_seconds"] > s1["lag_seconds"] and s2["missed_intervals"] >= s1["missed_intervals"]
-        assert m2[f"drsvc_replication_lag_seconds{{{key}}}"] > m1[f"drsvc_replication_lag_seconds{{{key}}}"]
+        assert m2[f"drsvc_replication_data_age_seconds{{{key}}}"] > m1[f"drsvc_replication_data_age_seconds{{{key}}}"]
         assert m2[f'drsvc_replication_health{{{key},status="DEGRADED"}}'] == 1
         assert m2[f"drsvc_replication_missed_intervals{{{key}}}"] >= 2
         assert c2["status"] == "DEGRADED" and c2["lag_seconds"] > c1["lag_seconds"]
         # the three surfaces read the same records: /metrics' data age lies between two Admin reads
-        assert s1["lag_seconds"] <= m2[f"drsvc_replication_lag_seconds{{{key}}}"] <= \
+        assert s1["lag_seconds"] <= m2[f"drsvc_replication_data_age_seconds{{{key}}}"] <= \
             bc.status(volume_id=vol)["lag_seconds"]
         for cols in (80, 160):
             view = _cli_view(sb, vol, cols)
@@ -145,7 +145,7 @@ def test_secondary_degrades_when_primary_is_silent_and_recovers(lab):
     wait_for(lambda: Metrics(scrape(port))[f'drsvc_replication_health{{{key},status="HEALTHY"}}'] == 1, 30,
              what="/metrics to recover")
     m3 = Metrics(scrape(port))
-    assert m3[f"drsvc_replication_lag_seconds{{{key}}}"] < m2[f"drsvc_replication_lag_seconds{{{key}}}"]
+    assert m3[f"drsvc_replication_data_age_seconds{{{key}}}"] < m2[f"drsvc_replication_data_age_seconds{{{key}}}"]
     assert m3[f"drsvc_replication_missed_intervals{{{key}}}"] == 0
     c3 = _cli_status(sb, vol)
     assert c3["status"] == "HEALTHY" and c3["lag_seconds"] < c2["lag_seconds"], c3

@@ -4,6 +4,7 @@ sync's progress, the secondary's data age, and `--watch` until Ctrl-C. Compare `
 status` and `zrepl status`, which an operator reads the same way."""
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -78,7 +79,9 @@ def test_status_view_whole_ids_progress_next_sync_and_watch(lab):
         assert set(js) == {vol, gid}
     assert "next sync" in cli(sa, "status", "--volume", vol, columns=80)
     st = {r["unit_id"]: r for r in cli(sa, "status", as_json=True)}
-    assert time.time() < st[vol]["next_sync_time"] <= time.time() + 3600 + 5
+    # --json gives instants in RFC 3339 (UTC)
+    nxt = datetime.datetime.fromisoformat(st[vol]["next_sync_time"].replace("Z", "+00:00")).timestamp()
+    assert st[vol]["next_sync_time"].endswith("Z") and time.time() < nxt <= time.time() + 3600 + 5
     out_b = cli(sb, "status", "--volume", vol[:9], columns=80)
     assert "data age" in out_b and "last received" in out_b and "secondary" in out_b, out_b
     for cols in (80, 160):

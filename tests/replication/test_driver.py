@@ -2,15 +2,23 @@
 
 The shape follows zrepl's replication driver (internal/replication/driver/
 replication_driver.go): each attempt plans afresh from the state at both ends,
-and only connectivity errors lead to another attempt."""
+and only connectivity errors lead to another attempt. The fast tests run the
+driver alone on fakes of its interfaces (planner, session opener and session,
+steps), as zrepl's driver_test.go does; the others run it on XFS with a real
+receiver."""
 import os
+import threading
 
 import pytest
 
-from drsvc.errors import PeerUnreachable
+from drsvc.errors import PeerUnreachable, ReplicationConflict
 from drsvc.replication import peer_status, sync_unit
 from drsvc.replication import plan as planner
+from drsvc.replication.driver import Attempt, Job, drive
+from drsvc.replication.generation import Prepared
 from drsvc.replication.layout import PoolLayout
+from drsvc.replication.report import SyncReport
+from drsvc.replication.state import UnitState
 from drsvc.replication.steps import STEPS, Ship, plan_steps
 from drsvc.transport.local import LocalPeer
 
@@ -90,3 +98,208 @@ def test_other_errors_are_not_retried(xfs_mod):
     peer.points = []
     with pytest.raises(ReplicationConflict):
         sync_unit(a, "w", ["w"], peer, attempts=3)
+
+
+# -- the driver alone, on fakes ---------------------------------------------------------------
+class FakeSession:
+    """A session whose status exchange fails on demand (``fail`` names the call)."""
+
+    def __init__(self, fail: str | None = None, peer_st: dict | None = None):
+        self.fail, self.peer_st = fail, peer_st or {"generation": 0}
+        self.closed = False
+        self.bytes_sent = 0
+
+    def _maybe_fail(self, call: str) -> None:
+        if self.fail == call:
+            raise PeerUnreachable(peer="fake", reason=f"cut at {call}")
+
+    def request_status(self) -> None:
+        self._maybe_fail("request_status")
+
+    def read_status(self) -> dict:
+        self._maybe_fail("read_status")
+        return dict(self.peer_st)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeOpener:
+    """Hands out one scripted session per attempt; "open" in the script fails the open itself."""
+
+    def __init__(self, *script):
+        self.script = list(script)
+        self.sessions: list[FakeSession] = []
+        self.jobs: list[Job] = []
+
+    def __call__(self, job: Job) -> FakeSession:
+        self.jobs.append(job)
+        fail = self.script.pop(0) if self.script else None
+        if fail == "open":
+            raise PeerUnreachable(peer="fake", reason="no route")
+        sess = FakeSession(fail)
+        self.sessions.append(sess)
+        return sess
+
+
+class FakeStep:
+    def __init__(self, name: str, error: BaseException | None = None, reported: bool = True, log=None):
+        self.name, self.error, self.reported, self.log = name, error, reported, log
+
+    def run(self, a: Attempt) -> None:
+        assert a.session is not None and not a.session.closed
+        if self.log is not None:
+            self.log.append(self.name)
+        if self.error is not None:
+            raise self.error
+
+
+class FakePlanner:
+    """Plans one scripted list of steps per attempt (or raises what the script holds)."""
+
+    def __init__(self, *plans, ahead=None):
+        self.plans = list(plans)
+        self.loads = 0
+        self.seen_peer: list[dict] = []
+        self._ahead = ahead
+
+    def load(self, job: Job):
+        self.loads += 1
+        return UnitState(unit_id=job.unit_id, generation=self.loads), None
+
+    def ahead(self, a: Attempt) -> None:
+        if self._ahead is not None:
+            self._ahead(a)
+
+    def plan(self, a: Attempt):
+        self.seen_peer.append(a.peer_st)
+        p = self.plans.pop(0)
+        if isinstance(p, BaseException):
+            raise p
+        return p
+
+
+class FakePeer:
+    name = "fake"
+
+
+def _job(tmp_path) -> Job:
+    return Job(PoolLayout(tmp_path), "u", ["u"], FakePeer())
+
+
+def _cut(where: str) -> PeerUnreachable:
+    return PeerUnreachable(peer="fake", reason=f"cut {where}")
+
+
+@pytest.mark.fast
+def test_driver_plans_again_after_peer_unreachable(tmp_path):
+    ran: list[str] = []
+    planner_ = FakePlanner([FakeStep("sync", log=ran), FakeStep("ship", _cut("mid-stream"), reported=False, log=ran)],
+                           [FakeStep("resume", log=ran), FakeStep("ship", reported=False, log=ran)])
+    opener = FakeOpener()
+    report = SyncReport(unit_id="u")
+    drive(_job(tmp_path), planner_, opener, report, attempts=3)
+    assert ran == ["sync", "ship", "resume", "ship"]
+    assert planner_.loads == 2                       # the second plan starts from the state read again
+    assert report.attempts == [{"steps": ["sync"], "error": str(_cut("mid-stream"))},
+                               {"steps": ["resume"], "error": None}]
+    assert report.steps == ["resume"] and "connect_s" in report.phases
+    assert len(opener.sessions) == 2 and all(s.closed for s in opener.sessions)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("where", ["open", "request_status", "read_status"])
+def test_driver_retries_a_session_that_fails_while_connecting(tmp_path, where):
+    planner_ = FakePlanner([FakeStep("sync")])
+    opener = FakeOpener(where)
+    report = SyncReport(unit_id="u")
+    drive(_job(tmp_path), planner_, opener, report, attempts=2)
+    assert [x["error"] is None for x in report.attempts] == [False, True]
+    assert report.attempts[0]["steps"] == [] and report.attempts[1]["steps"] == ["sync"]
+    assert planner_.seen_peer == [{"generation": 0}]      # planned once: after a status was read
+    assert all(s.closed for s in opener.sessions)
+    assert len(opener.sessions) == (1 if where == "open" else 2)
+
+
+@pytest.mark.fast
+def test_driver_raises_the_last_error_when_no_attempt_completes(tmp_path):
+    planner_ = FakePlanner([FakeStep("sync", _cut("first"))], [FakeStep("sync", _cut("second"))])
+    opener = FakeOpener()
+    report = SyncReport(unit_id="u")
+    with pytest.raises(PeerUnreachable, match="cut second"):
+        drive(_job(tmp_path), planner_, opener, report, attempts=2)
+    assert report.attempts == [{"steps": ["sync"], "error": str(_cut("first"))},
+                                 {"steps": ["sync"], "error": str(_cut("second"))}]
+    assert all(s.closed for s in opener.sessions) and len(opener.sessions) == 2
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("fail_in", ["plan", "step", "bug"])
+def test_driver_does_not_retry_a_final_error(tmp_path, fail_in):
+    conflict = ReplicationConflict(unit_id="u", reason="peer moved on")
+    if fail_in == "plan":
+        planner_ = FakePlanner(conflict, [FakeStep("sync")])
+    else:
+        err = conflict if fail_in == "step" else RuntimeError("a bug")
+        planner_ = FakePlanner([FakeStep("finalize"), FakeStep("sync", err)], [FakeStep("sync")])
+    opener = FakeOpener()
+    report = SyncReport(unit_id="u")
+    with pytest.raises(ReplicationConflict if fail_in != "bug" else RuntimeError):
+        drive(_job(tmp_path), planner_, opener, report, attempts=3)
+    assert planner_.loads == 1 and len(opener.sessions) == 1 and opener.sessions[0].closed
+    assert report.attempts == []            # only a retried failure is an attempt of the report
+
+
+@pytest.mark.fast
+def test_driver_works_ahead_while_the_session_opens_and_drops_what_was_not_shipped(tmp_path):
+    """The planner's work ahead (the early capture) runs while the session opens, and
+    what it left unshipped is removed when the attempt ends, on success or failure."""
+    opening, working = threading.Event(), threading.Event()
+    early_dirs = []
+
+    def ahead(a: Attempt) -> None:
+        working.set()
+        assert opening.wait(10), "the session was not being opened meanwhile"
+        d = tmp_path / f"tmp-{len(early_dirs)}"
+        d.mkdir()
+        early_dirs.append(d)
+        a.early = Prepared(d, {})
+
+    class SlowOpener(FakeOpener):
+        def __call__(self, job):
+            opening.set()
+            assert working.wait(10), "the planner was not working ahead meanwhile"
+            return super().__call__(job)
+
+    planner_ = FakePlanner([FakeStep("sync", _cut("x"))], [FakeStep("finalize")], ahead=ahead)
+    opener = SlowOpener()
+    drive(_job(tmp_path), planner_, opener, SyncReport(unit_id="u"), attempts=2)
+    assert len(early_dirs) == 2 and not any(d.exists() for d in early_dirs)
+    assert all(s.closed for s in opener.sessions)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("protocol, impl", [
+    ("Session", "drsvc.replication.remote:ApplySession"),
+    ("Planner", "drsvc.replication.sync:SyncPlanner"),
+    ("Step", "drsvc.replication.steps:Ship"),
+])
+def test_the_engine_implements_the_driver_interfaces(protocol, impl):
+    """Every method of the driver's Protocol exists on its implementation with the same
+    parameters (a typing.Protocol is not checked at run time: this is that check)."""
+    import importlib
+    import inspect
+
+    from drsvc.replication import driver
+    proto = getattr(driver, protocol)
+    mod, name = impl.split(":")
+    cls = getattr(importlib.import_module(mod), name)
+    for attr, want in vars(proto).items():
+        if attr.startswith("_"):
+            continue
+        assert hasattr(cls, attr), f"{name} lacks {attr}"
+        if inspect.isfunction(want):
+            have = getattr(cls, attr)
+            assert list(inspect.signature(have).parameters) == list(inspect.signature(want).parameters), attr
+    for attr in getattr(proto, "__annotations__", {}):
+        assert hasattr(cls, attr), f"{name} lacks {attr}"

@@ -18,7 +18,7 @@ from drsvc.cluster import settle_plan
 from drsvc.errors import NotGroupConsistent, RoundAborted
 from drsvc.replication import sync_unit
 from drsvc.replication.layout import PoolLayout
-from drsvc.replication.receiver import round_state, settle_round
+from drsvc.replication.replica import round_state, settle_round
 from drsvc.replication.state import find_state
 from drsvc.transport.local import LocalPeer
 from tests.ops.conftest import redis_port  # noqa: F401 - the fixture

@@ -1,0 +1,126 @@
+"""The Replication RPCs of a multi-node site (drsvc.controller_api.ReplicationControl): each
+runs on the node holding the unit, where the node's own requests dispatch the job to its
+control queue and wait for it (a node's api worker runs nothing else, so it never waits
+on itself).
+
+A volume group whose members sit on several nodes replicates as one part per node
+(``replication.cut``): each call goes to every part at once (their syncs meet at the
+cut), and a promote first settles any round left prepared at this site's nodes, so
+every part takes over at the same generation."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..errors import GroupNotFound, NotGroupConsistent, VolumeNotFound
+from ..replication.status import Info
+from .routing import Router
+from .wire import group_in
+
+log = logging.getLogger(__name__)
+
+
+def settle_plan(states: dict[str, dict]) -> dict[str, bool]:
+    """For each node holding a prepared round (``receiver.round_state``): apply it (True)
+    when another node already applied that generation, else drop it (False)."""
+    plan = {}
+    for n, st in sorted(states.items()):
+        p = st["prepared"]
+        if p is not None:
+            plan[n] = any(o["generation"] == p["target"] and o["prepared"] is None
+                          for m, o in states.items() if m != n)
+    return plan
+
+
+def combine_info(parts: list[Info]) -> Info:
+    """One group's replication info from its parts: the oldest sync and the worst health,
+    so a part that lags is the group's lag."""
+    worst = max(parts, key=lambda i: (i.status != "HEALTHY", i.lag_seconds, i.consecutive_failures))
+    roles = {i.role for i in parts}
+    return Info(role=worst.role if len(roles) > 1 else parts[0].role, epoch=max(i.epoch for i in parts),
+                generation=min(i.generation for i in parts), peer=parts[0].peer, interval=parts[0].interval,
+                last_sync_time=min(i.last_sync_time for i in parts),
+                last_sync_duration=max(i.last_sync_duration for i in parts),
+                last_sync_bytes=sum(i.last_sync_bytes for i in parts), status=worst.status,
+                status_message=worst.status_message if len(roles) == 1 else
+                f"parts disagree on the role ({', '.join(sorted(roles))}); {worst.status_message}",
+                lag_seconds=max(i.lag_seconds for i in parts),
+                missed_intervals=max(i.missed_intervals for i in parts),
+                consecutive_failures=max(i.consecutive_failures for i in parts),
+                failures_total=sum(i.failures_total for i in parts),
+                schedule_delay=max(i.schedule_delay for i in parts))
+
+
+class ClusterReplication:
+    def __init__(self, router: Router, *, rpc_wait: float = 20.0):
+        self.router = router
+        self.wait = router.wait + rpc_wait      # the node's own wait for its job, and the trip
+
+    def _node(self, kind: str, ident: str) -> str:
+        if kind == "group":
+            return self.router.holder_of(ident, "volume_group_id", GroupNotFound(group_id=ident))
+        return self.router.holder_of(ident, "volume_id", VolumeNotFound(volume_id=ident))
+
+    def parts(self, kind: str, ident: str) -> list[str]:
+        """The nodes a unit's calls go to: its node, or every node of a spanning group."""
+        node = self._node(kind, ident)
+        if kind != "group":
+            return [node]
+        g = group_in(self.router.call(node, "get_group", {"group_id": ident})).group
+        return sorted(g.nodes) if len(g.nodes) > 1 else [node]
+
+    def _call(self, method: str, kind: str, ident: str, **kwargs) -> Any:
+        nodes = self.parts(kind, ident)
+        call = {"method": method, "kind": kind, "ident": ident, **kwargs}
+        if len(nodes) == 1:
+            return self.router.call(nodes[0], "replication", call, wait=self.wait)
+        out = self.router.call_all({n: call for n in nodes}, "replication", wait=self.wait)
+        return [out[n] for n in nodes]
+
+    def enable(self, kind: str, ident: str, params: dict) -> None:
+        self._call("enable", kind, ident, params=dict(params))
+
+    def disable(self, kind: str, ident: str, params: dict) -> None:
+        self._call("disable", kind, ident, params=dict(params))
+
+    def promote(self, kind: str, ident: str, force: bool, params: dict | None = None) -> None:
+        nodes = self.parts(kind, ident)
+        if len(nodes) > 1:
+            self.settle(ident, nodes)
+        self._call("promote", kind, ident, force=force, params=dict(params or {}))
+
+    def settle(self, unit_id: str, nodes: list[str]) -> int:
+        """Bring every part of a spanning group to one generation before it takes over.
+
+        A round prepared on some nodes was decided commit at the origin only if every
+        part voted, and a part applies only after the decision: so if any node applied
+        the round, it is applied on all of them; otherwise it is dropped on all."""
+        states = self.router.call_all({n: {"unit_id": unit_id} for n in nodes}, "round_state")
+        for n, commit in settle_plan(states).items():
+            p = states[n]["prepared"]
+            out = self.router.call(n, "settle_round", {"unit_id": unit_id, "txid": p["txid"], "commit": commit})
+            log.info("group %s: round %s (generation %s) left prepared on %s: %s", unit_id, p["round"],
+                     p["target"], n, "applied, as another node had" if commit else "dropped, as no node applied it")
+            states[n]["generation"] = out.get("generation", states[n]["generation"])
+        gens = {n: st["generation"] for n, st in states.items()}
+        if len(set(gens.values())) > 1:
+            raise NotGroupConsistent(reason=f"the parts of group {unit_id} hold different generations "
+                                            f"({', '.join(f'{n}: {g}' for n, g in sorted(gens.items()))})")
+        return next(iter(gens.values()))
+
+    def demote(self, kind: str, ident: str, force: bool) -> None:
+        self._call("demote", kind, ident, force=force)
+
+    def resync(self, kind: str, ident: str, force: bool) -> bool:
+        out = self._call("resync", kind, ident, force=force)
+        return all(out) if isinstance(out, list) else bool(out)
+
+    def info(self, kind: str, ident: str) -> Info:
+        out = self._call("info", kind, ident)
+        if not isinstance(out, list):
+            return Info(**out)
+        return combine_info([Info(**d) for d in out])
+
+    def sync_now(self, kind: str, ident: str, wait: float | None = None) -> dict:
+        out = self._call("sync_now", kind, ident, wait=wait)
+        return out if isinstance(out, dict) else {"parts": out}

@@ -1,0 +1,164 @@
+"""The sender's snapshot store: the acked base, a pending generation, and adoption.
+
+    snap/<G>/          the acked base: whole images (or, cut short mid-adopt, overlays
+                       not yet rolled in), block maps, meta.json
+    snap/<G+1>/        pending: captured, planned and maybe on the wire
+    snap/tmp-<txid>/   being prepared (``prepare``); swept by the next sync
+
+Every function is safe to repeat, and the order of side effects makes a retry
+converge: the rename to ``snap/<G+1>`` records the intent before anything is
+sent; ``adopt`` records the new generation in state.json, then rolls the base
+forward, then drops the old base (``recover`` finishes an adopt cut short).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from .. import store
+from ..errors import CorruptMetadata
+from ..host.reflink import clone_file
+from .capture import roll_forward
+from .generation import Prepared
+from .layout import PoolLayout
+from .state import UnitState, save_state
+
+log = logging.getLogger(__name__)
+
+
+def _rmtree(path: Path) -> None:
+    if path.exists():
+        shutil.rmtree(path)
+        store.fsync_dir(path.parent)
+
+
+def base_meta(layout: PoolLayout, unit_id: str, generation: int) -> dict:
+    """meta.json of the acked base generation ({} before the first sync)."""
+    if generation <= 0:
+        return {}
+    return store.read_doc(layout.snap_dir(unit_id, generation) / "meta.json") or {}
+
+
+def load_pending(layout: PoolLayout, unit_id: str, acked: int) -> Prepared | None:
+    d = layout.snap_dir(unit_id, acked + 1)
+    meta = store.read_doc(d / "meta.json")
+    if meta is None or not meta.get("complete"):
+        return None
+    return Prepared(d, meta)
+
+
+def sweep(layout: PoolLayout, unit_id: str, acked: int, pending: Prepared | None) -> None:
+    """Remove snapshot dirs that are neither the acked base nor the pending generation."""
+    recover(layout, unit_id, acked)
+    keep = {str(acked)} | ({str(acked + 1)} if pending else set())
+    root = layout.snap_root(unit_id)
+    if not root.exists():
+        return
+    for child in root.iterdir():
+        if child.name not in keep:
+            shutil.rmtree(child, ignore_errors=True)
+
+
+def mark_intent(layout: PoolLayout, unit_id: str, prepared: Prepared) -> Prepared:
+    """Move a prepared generation to ``snap/<G+1>``: from here on it may exist at the peer."""
+    meta = prepared.meta
+    if prepared.dir.name == str(meta["generation"]):
+        return prepared
+    final = layout.snap_dir(unit_id, meta["generation"])
+    if final.exists():
+        shutil.rmtree(final)
+    os.rename(prepared.dir, final)
+    store.fsync_dir(final.parent)
+    return Prepared(final, meta)
+
+
+def _roll(layout: PoolLayout, unit_id: str, gen_dir: Path, meta: dict) -> None:
+    """Give every overlay member of an adopted generation its whole image: the base
+    image rolled forward in place, then moved in. Repeat-safe (see recover)."""
+    base_dir = layout.snap_dir(unit_id, meta["base_generation"])
+    moved = False
+    for m in meta["members"]:
+        vol = m["volume_id"]
+        if not m.get("overlay") or (gen_dir / f"{vol}.img").exists():
+            continue
+        base_img = base_dir / f"{vol}.img"
+        if not base_img.exists():
+            raise CorruptMetadata(path=str(gen_dir), reason=f"base image of overlay member {vol} is gone")
+        roll_forward(base_img, gen_dir, vol, m["size"])
+        os.rename(base_img, gen_dir / f"{vol}.img")
+        moved = True
+    if moved:
+        store.fsync_dir(gen_dir)
+        store.fsync_dir(base_dir)
+    for m in meta["members"]:
+        for suffix in (".delta", ".ranges", ".clear"):
+            (gen_dir / f"{m['volume_id']}{suffix}").unlink(missing_ok=True)
+
+
+def recover(layout: PoolLayout, unit_id: str, acked: int) -> None:
+    """Finish an adopt cut short between recording the generation and rolling its base."""
+    if acked <= 0:
+        return
+    d = layout.snap_dir(unit_id, acked)
+    meta = store.read_doc(d / "meta.json")
+    if meta and any(m.get("overlay") and not (d / f"{m['volume_id']}.img").exists()
+                    for m in meta["members"]):
+        log.warning("%s: finishing the adopt of generation %d", unit_id, acked)
+        _roll(layout, unit_id, d, meta)
+
+
+def adopt(layout: PoolLayout, st: UnitState, prepared: Prepared, *, epoch: int, peer_name: str,
+          demote: bool = False, report: dict | None = None) -> None:
+    """Record that the peer holds the prepared generation; it becomes the new base."""
+    meta = prepared.meta
+    old = st.generation
+    st.generation = meta["generation"]
+    st.txid = meta["txid"]
+    st.members = [m["volume_id"] for m in meta["members"]]
+    st.sizes = {m["volume_id"]: m["size"] for m in meta["members"]}
+    st.block_size = meta["block_size"]
+    st.epoch = max(st.epoch, epoch)
+    st.peer = peer_name
+    if demote:
+        st.role, st.demoted, st.demoted_at = "secondary", True, st.generation
+    if report is not None:
+        st.add_report(report)
+    save_state(layout.root, st)
+    _roll(layout, st.unit_id, prepared.dir, meta)
+    if old != st.generation:
+        _rmtree(layout.snap_dir(st.unit_id, old))
+
+
+def generation_image(layout: PoolLayout, unit_id: str, generation: int, vol: str, scratch: Path) -> Path:
+    """A whole image of *vol* at a kept generation (the acked base or the pending one):
+    the file itself, or for a pending overlay a reflink of the base rolled forward
+    into *scratch*."""
+    d = layout.snap_dir(unit_id, generation)
+    if (d / f"{vol}.img").exists():
+        return d / f"{vol}.img"
+    meta = store.read_doc(d / "meta.json") or {}
+    m = next(x for x in meta.get("members", []) if x["volume_id"] == vol)
+    out = Path(scratch) / f"{vol}.img"
+    clone_file(layout.snap_dir(unit_id, meta["base_generation"]) / f"{vol}.img", out, fsync=False)
+    roll_forward(out, d, vol, m["size"])
+    return out
+
+
+def release_unit(pool, unit_id: str) -> bool:
+    """Forget the local replication state of a unit (snapshots, maps, state.json)."""
+    layout = PoolLayout(pool)
+    d = layout.unit_dir(unit_id)
+    if not d.exists():
+        return False
+    with store.file_lock(layout.lock_path(unit_id), blocking=False, key=unit_id):
+        store.remove(layout.state_path(unit_id))
+        for child in d.iterdir():
+            if child.name != ".lock":
+                if child.is_dir():
+                    shutil.rmtree(child)
+                else:
+                    child.unlink()
+    shutil.rmtree(d, ignore_errors=True)
+    return True
