@@ -10,6 +10,7 @@ Example::
     metrics_port = 9101                                 # 0: no /metrics
     secrets_file = "/etc/drsvc/rpc-secret"              # optional: require secrets.token
     visibility_timeout = 300                            # redeliver a dead worker's task after this
+    bwlimit = "200mbit"                                 # all syncs of the site together (0: no cap)
 
     [peers.b]
     host = "10.0.0.2"
@@ -20,6 +21,7 @@ Example::
     # transport = "ssh"                                  # default; "local": pool = "/path" on this host
     # max_syncs = 1                                      # syncs to this peer at once (default: with
     #                                                    # several peers, all but one worker process)
+    # bwlimit = "50mbit"                                 # syncs to this peer together, under the site's
 
 A site of several storage nodes lists them; each node's plugin and worker run with
 ``--node NAME`` (or ``DRSVC_NODE``) and use that node's pool, and the site's controller
@@ -46,6 +48,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import re
 import tomllib
 from urllib.parse import quote, urlsplit, urlunsplit
 from dataclasses import dataclass, field, replace
@@ -75,6 +78,7 @@ class PeerConfig:
     transport: str = "ssh"
     pool: Path | None = None      # transport "local": the peer's pool on this host
     max_syncs: int = 0            # syncs to this peer at once, site-wide (0: the default rule)
+    bwlimit: int = 0              # bytes per second for all syncs to this peer together (0: no cap)
     nodes: dict = field(default_factory=dict)   # a multi-node peer: node -> (host, port) of its sshd
 
     def at_node(self, node: str, where: str) -> PeerConfig:
@@ -131,6 +135,7 @@ class SiteConfig:
     zone: str = ""          # topology.drsvc.io/zone, the same at both sites (default: "a-b")
     nodes: dict = field(default_factory=dict)   # name -> NodeConfig (empty: a one-node site)
     node_call_timeout: float = 30.0   # the controller's wait for one node's answer
+    bwlimit: int = 0        # bytes per second for all syncs of the site together (0: no cap)
 
     @property
     def multinode(self) -> bool:
@@ -205,6 +210,15 @@ class SiteConfig:
             return p.max_syncs
         return max(1, concurrency - 1) if len(self.peers) > 1 else 0
 
+    def bandwidth_caps(self, peer: str) -> dict[str, int]:
+        """The shared caps a sync to *peer* is under, name -> bytes per second, the peer's
+        before the site's (a sync takes from each in this order); empty: no cap."""
+        p = self.peers.get(peer)
+        caps = {f"peer:{peer}": p.bwlimit} if p is not None and p.bwlimit else {}
+        if self.bwlimit:
+            caps["site"] = self.bwlimit
+        return caps
+
     def check_secrets(self, secrets: dict) -> None:
         """When a secrets file is configured, RPCs must carry secrets['token'] matching it."""
         if self.secrets_file is None:
@@ -224,6 +238,40 @@ def socket_path(endpoint: str) -> Path:
     if endpoint.startswith("/"):
         return Path(endpoint)
     raise UnsupportedEndpoint(endpoint=endpoint)
+
+
+# rate units: bits per second are decimal, as tc and link prices count them; bytes per second
+# are binary. Matched lower-cased, so no unit may depend on its case ("Mb/s" vs "MB/s").
+_RATE_UNITS = {"bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8,
+               "b/s": 1, "kib/s": 1 << 10, "mib/s": 1 << 20, "gib/s": 1 << 30}
+_RATE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z/]*)\s*")
+_UNITS = "bit, kbit, mbit, gbit (bits/s) or B/s, KiB/s, MiB/s, GiB/s"
+MIN_BWLIMIT = 64 << 10
+
+
+def parse_bwlimit(value, where: str, key: str = "bwlimit") -> int:
+    """A bandwidth cap -> bytes per second (0: no cap). *value* is an integer (bytes per
+    second) or a string: a number and a unit, bit/kbit/mbit/gbit (decimal bits per second)
+    or B/s, KiB/s, MiB/s, GiB/s: ``"100mbit"``, ``"1gbit"``, ``"50MiB/s"``. A cap under
+    64 KiB/s is refused: it is a unit left out (``100`` for ``"100mbit"``), not a link."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ConfigInvalid(where=where, reason=f"{key} must be bytes per second (an integer) or a string "
+                                                f"like \"100mbit\" or \"50MiB/s\", not {value!r}")
+    rate = value if isinstance(value, int) else _rate_of(value, where, key)
+    if rate < 0:
+        raise ConfigInvalid(where=where, reason=f"{key} = {value!r} is negative; 0 means no cap")
+    if 0 < rate < MIN_BWLIMIT:
+        raise ConfigInvalid(where=where, reason=f"{key} = {value!r} is {rate} bytes/s, under the least cap "
+                                                f"of 64 KiB/s (512 kbit): was a unit left out? ({_UNITS})")
+    return rate
+
+
+def _rate_of(text: str, where: str, key: str) -> int:
+    m = _RATE.fullmatch(text.lower())
+    if m is None or (m.group(2) and m.group(2) not in _RATE_UNITS):
+        raise ConfigInvalid(where=where, reason=f"{key} = {text!r}: expected a number and a unit, "
+                                                f"{_UNITS} (e.g. \"100mbit\"), or 0 for no cap")
+    return int(float(m.group(1)) * _RATE_UNITS.get(m.group(2), 1))
 
 
 def _req(doc: dict, key: str, where: str):
@@ -252,7 +300,7 @@ def _peer(name: str, p: dict, where: str, rel) -> PeerConfig:
         raise ConfigInvalid(where=where, reason=f"max_syncs must be a whole number >= 0, not {max_syncs!r}")
     return PeerConfig(name=name, host=p.get("host", ""), port=int(p.get("port", 22)), user=p.get("user", "root"),
                       known_hosts=path("known_hosts"), key=path("key"), transport=transport, pool=path("pool"),
-                      max_syncs=max_syncs, nodes=nodes)
+                      max_syncs=max_syncs, nodes=nodes, bwlimit=parse_bwlimit(p.get("bwlimit", 0), where))
 
 
 def check_node_name(name: str, where: str) -> str:
@@ -328,7 +376,8 @@ def parse(doc: dict, path: Path | None = None, node: str = "") -> SiteConfig:
                       secrets_file=rel(doc["secrets_file"]) if doc.get("secrets_file") else None, path=path,
                       visibility_timeout=int(doc.get("visibility_timeout", 300)),
                       zone=check_id(doc["zone"], "zone") if doc.get("zone") else "", nodes=nodes,
-                      node_call_timeout=float(doc.get("node_call_timeout", 30.0)))
+                      node_call_timeout=float(doc.get("node_call_timeout", 30.0)),
+                      bwlimit=parse_bwlimit(doc.get("bwlimit", 0), where))
     return cfg.for_node(node) if node else cfg
 
 

@@ -25,6 +25,7 @@ from typing import Protocol
 
 from ..errors import PeerUnreachable
 from ..transport import Peer
+from ..transport.bandwidth import Bandwidth
 from .cut import Cut
 from .generation import Prepared
 from .layout import PoolLayout
@@ -47,7 +48,7 @@ class Job:
     demote: bool = False
     mode: str = "delta"
     compress: str = "auto"
-    bwlimit: float | None = None
+    bandwidth: Bandwidth | None = None   # the one limiter every channel of the session sends through
     origin: dict | None = None
     cut: Cut | None = None        # one node's part of a group spanning nodes (replication.cut)
 

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 from ..errors import DrsvcError, PeerUnreachable, StreamCorrupt
-from ..transport import LimitedChannel, TokenBucket
+from ..transport import LimitedChannel
+from ..transport.bandwidth import Bandwidth
 from . import protocol
 from .blockmap import BlockMap
 from .protocol import T_CONTROL, T_HASHES, FrameReader
@@ -206,14 +207,14 @@ class ApplySession:
     no transaction is open when it closes. The first status exchange is retried
     once on a fresh channel when a reused one turns out dead."""
 
-    def __init__(self, peer, unit_id: str, *, bwlimit: float | None = None):
-        self.peer, self.unit_id, self.bwlimit = peer, unit_id, bwlimit
+    def __init__(self, peer, unit_id: str, *, bandwidth: Bandwidth | None = None):
+        self.peer, self.unit_id, self.bandwidth = peer, unit_id, bandwidth
         self._attach(fresh=False)
 
     def _attach(self, *, fresh: bool) -> None:
         self.lease = Lease(self.peer, "apply", fresh=fresh)
         self.raw = self.lease.chan
-        self.chan = LimitedChannel(self.raw, TokenBucket(self.bwlimit)) if self.bwlimit else self.raw
+        self.chan = LimitedChannel(self.raw, self.bandwidth) if self.bandwidth is not None else self.raw
         self.reader = reader_for(self.peer, self.chan)
         self._clean, self._in_tx, self._pending = True, False, 0
         self._talked = False      # anything beyond the first status exchange

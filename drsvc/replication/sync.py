@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from .. import store
 from ..errors import InvalidParameter, NotPrimary, StaleEpoch
+from ..transport.bandwidth import Bandwidth, TokenBucket, combine
 from .blockmap import DEFAULT_BLOCK_SIZE, check_block_size
 from .cut import Cut
 from .driver import Attempt, Job, drive
@@ -67,14 +68,14 @@ class SyncPlanner:
 
 def open_apply_session(job: Job) -> ApplySession:
     """The default session opener: one `apply` conversation on a (warm) receiver."""
-    return ApplySession(job.peer, job.unit_id, bwlimit=job.bwlimit)
+    return ApplySession(job.peer, job.unit_id, bandwidth=job.bandwidth)
 
 
 def sync_unit(pool, unit_id: str, members, peer, *, mountpoints=(), epoch: int | None = None,
               demote: bool = False, mode: str = "delta", kind: str | None = None,
               block_size: int | None = None, bwlimit: float | None = None,
               compress: str = "auto", origin: dict | None = None, attempts: int = 1,
-              cut: Cut | None = None) -> SyncReport:
+              cut: Cut | None = None, bandwidth: Bandwidth | None = None) -> SyncReport:
     """Replicate one volume or group to *peer* and return the report (also kept in state.json).
 
     members: the volume ids of the unit (one for a volume unit). mountpoints:
@@ -85,6 +86,9 @@ def sync_unit(pool, unit_id: str, members, peer, *, mountpoints=(), epoch: int |
     attempts: how many times to plan and run again after a lost connection.
     cut: this unit is one node's part of a group spanning storage nodes
     (``replication.cut``): captures meet the other parts, commits are two-phase.
+    bandwidth: the limiter everything this sync sends goes through (``transport.bandwidth``;
+    the worker's jobs give the unit's and the site's limits in one); bwlimit, bytes per
+    second, adds a bucket of this call's own in front of it.
     """
     if mode not in MODES:
         raise InvalidParameter(key="mode", reason=f"must be one of {MODES}")
@@ -103,7 +107,8 @@ def sync_unit(pool, unit_id: str, members, peer, *, mountpoints=(), epoch: int |
         st = _primary_state(pool, unit_id, members, kind=kind, epoch=epoch, block_size=block_size)
         report.epoch = epoch = st.epoch if epoch is None else epoch
         job = Job(layout, unit_id, members, peer, mountpoints=tuple(mountpoints), epoch=epoch,
-                  demote=demote, mode=mode, compress=compress, bwlimit=bwlimit, origin=origin, cut=cut)
+                  demote=demote, mode=mode, compress=compress, origin=origin, cut=cut,
+                  bandwidth=combine(TokenBucket(bwlimit) if bwlimit else None, bandwidth))
         planner = SyncPlanner(lambda: _primary_state(pool, unit_id, members, kind=kind, epoch=epoch,
                                                      block_size=block_size))
         drive(job, planner, open_apply_session, report, attempts=attempts)

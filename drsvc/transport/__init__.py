@@ -5,8 +5,11 @@ Importing this package never imports paramiko (drsvc.transport.ssh does).
 """
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
+
+from .bandwidth import Bandwidth, TokenBucket
+
+__all__ = ["Bandwidth", "Channel", "LimitedChannel", "Peer", "TokenBucket"]
 
 
 class Channel(ABC):
@@ -73,31 +76,11 @@ class Peer(ABC):
         self.close()
 
 
-class TokenBucket:
-    """A bandwidth limit in bytes per second, with a burst of a tenth of a second
-    (at least one 64 KiB send), so a limited link is never flooded for long."""
-
-    def __init__(self, rate: float, burst: float | None = None):
-        self.rate = float(rate)
-        self.capacity = float(burst if burst is not None else max(64 << 10, rate / 10))
-        self.tokens = self.capacity
-        self.stamp = time.monotonic()
-
-    def take(self, n: int) -> None:
-        while True:
-            now = time.monotonic()
-            self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
-            self.stamp = now
-            if self.tokens >= min(n, self.capacity):
-                self.tokens -= n   # may go negative for a frame larger than the burst
-                return
-            time.sleep(min(0.25, (min(n, self.capacity) - self.tokens) / self.rate))
-
-
 class LimitedChannel(Channel):
-    """Wraps a channel with a token bucket on what it sends."""
+    """Wraps a channel with a limit on what it sends (a ``Bandwidth``: every stripe of one
+    sync wraps its channel around the same one)."""
 
-    def __init__(self, inner: Channel, bucket: TokenBucket):
+    def __init__(self, inner: Channel, bucket: Bandwidth):
         self.inner, self.bucket = inner, bucket
 
     @property
