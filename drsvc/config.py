@@ -246,14 +246,14 @@ _RATE_UNITS = {"bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8,
                "b/s": 1, "kib/s": 1 << 10, "mib/s": 1 << 20, "gib/s": 1 << 30}
 _RATE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z/]*)\s*")
 _UNITS = "bit, kbit, mbit, gbit (bits/s) or B/s, KiB/s, MiB/s, GiB/s"
-MIN_BWLIMIT = 64 << 10
+MIN_BWLIMIT = 64_000        # 512 kbit
 
 
 def parse_bwlimit(value, where: str, key: str = "bwlimit") -> int:
     """A bandwidth cap -> bytes per second (0: no cap). *value* is an integer (bytes per
     second) or a string: a number and a unit, bit/kbit/mbit/gbit (decimal bits per second)
     or B/s, KiB/s, MiB/s, GiB/s: ``"100mbit"``, ``"1gbit"``, ``"50MiB/s"``. A cap under
-    64 KiB/s is refused: it is a unit left out (``100`` for ``"100mbit"``), not a link."""
+    512 kbit is refused: it is a unit left out (``100`` for ``"100mbit"``), not a link."""
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ConfigInvalid(where=where, reason=f"{key} must be bytes per second (an integer) or a string "
                                                 f"like \"100mbit\" or \"50MiB/s\", not {value!r}")
@@ -262,7 +262,7 @@ def parse_bwlimit(value, where: str, key: str = "bwlimit") -> int:
         raise ConfigInvalid(where=where, reason=f"{key} = {value!r} is negative; 0 means no cap")
     if 0 < rate < MIN_BWLIMIT:
         raise ConfigInvalid(where=where, reason=f"{key} = {value!r} is {rate} bytes/s, under the least cap "
-                                                f"of 64 KiB/s (512 kbit): was a unit left out? ({_UNITS})")
+                                                f"of 512 kbit (64000 bytes/s): was a unit left out? ({_UNITS})")
     return rate
 
 

@@ -22,7 +22,7 @@ unit already running, which the Demote waits for, gets it too). Final syncs are 
 (what was written since the last sync), so the others wait that long and no longer.
 
 **Redis gone.** A sync never hangs on it and never fails for it: when a call fails (a
-dead Redis fails at once; a hung one after 1 s, the client's timeout), the sync goes on
+dead Redis fails at once; a hung one after 1 s: :func:`client`, no retries), the sync goes on
 under a bucket of this process alone, at the cap divided by the processes that may sync
 at once (``shares``: both workers' processes, on every node), so the site stays under its
 cap if every process does the same; it asks Redis again 5 s later. A warning says so.
@@ -40,6 +40,8 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from drsvc.transport.bandwidth import Bandwidth, LocalBandwidth, TokenBucket, combine
 
@@ -81,6 +83,14 @@ for _, key in ipairs(KEYS) do
 end
 return 1
 """
+
+
+def client(url: str) -> redis.Redis:
+    """A client for the caps: one try, answered within 1 s or not at all (redis-py's default
+    retries ten times with backoff: ~4.5 s on a dead Redis, ~15 s on a hung one), so a sync
+    falls back to its process's share at once instead of stalling."""
+    return redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0,
+                                retry=Retry(NoBackoff(), 0))
 
 
 def grant_size(rate: float) -> int:

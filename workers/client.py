@@ -15,7 +15,7 @@ from drsvc.errors import (BrokerUnreachable, DrsvcError, NodeUnreachable, NotGro
                           WorkerFailed)
 
 from . import inflight
-from .bandwidth import RedisBandwidth
+from .bandwidth import RedisBandwidth, client
 
 
 class CeleryDispatcher:
@@ -42,12 +42,12 @@ class CeleryDispatcher:
 
     def bandwidth(self) -> RedisBandwidth:
         """The site's bandwidth caps (drsvc.transport.bandwidth.SiteBandwidth), one per process.
-        Its own Redis client answers within 1 s or not at all: a sync must not stall on a hung
-        Redis (it goes on at its process's share). Every process of both workers (data and
+        Its own Redis client answers within 1 s or not at all (``bandwidth.client``): a sync
+        must not stall on a hung Redis (it goes on at its process's share). Every process of both workers (data and
         control), on every node, may sync at once: that many shares."""
         with self._bandwidth_lock:
             if self._bandwidth is None:
-                r = redis.Redis.from_url(self.cfg.redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
+                r = client(self.cfg.redis_url)
                 shares = 2 * (self.app.conf.worker_concurrency or 2) * max(1, len(self.cfg.nodes))
                 self._bandwidth = RedisBandwidth(r, self.cfg.site, self.cfg.bandwidth_caps, shares=shares)
             return self._bandwidth
