@@ -7,6 +7,7 @@ import time
 
 import grpc
 
+from drsvc.layout import PoolLayout
 from drsvc.replication.state import find_state
 from tests.fixtures.sites import image_sha
 
@@ -59,3 +60,17 @@ def code_of(fn):
     except grpc.RpcError as e:
         return e.code()
     return grpc.StatusCode.OK
+
+
+def journaled(pool, unit_id) -> int:
+    """Payload bytes a receiver has written into *unit_id*'s open transaction: into its
+    data.bin, or into the staging image of a member it holds no base for (an initial sync)."""
+    d = PoolLayout(pool).journal_dir(unit_id)
+    total = 0
+    for f in [d / "data.bin", *(d / "staging").glob("*.img")]:
+        try:
+            st = f.stat()
+        except FileNotFoundError:
+            continue
+        total += st.st_size if f.name == "data.bin" else st.st_blocks * 512
+    return total

@@ -30,9 +30,9 @@ from drsvc import runner
 from drsvc.config import parse
 from drsvc.lab import free_port, wait_port
 from drsvc.replication import sync_unit
-from drsvc.replication.layout import PoolLayout
 from drsvc.transport.bandwidth import TokenBucket
 from drsvc.transport.local import LocalPeer
+from tests.dr.helpers import journaled
 from tests.ops.conftest import redis_port  # noqa: F401 - the fixture
 from workers.bandwidth import PriorityLease, RedisBandwidth, RedisBucket, client, grant_size
 
@@ -142,21 +142,6 @@ def test_four_concurrent_syncs_in_four_processes_hold_the_site_cap(xfs_mod, tmp_
     assert 0.9 <= ratio <= 1.1
     # served in the order asked: no sync starves, none takes much more than its quarter
     assert all(0.15 <= x / sum(shares) <= 0.35 for x in shares), shares
-
-
-def journaled(pool: Path, unit: str) -> int:
-    """Payload bytes the receiver has written for *unit*'s open transaction: into data.bin, or
-    into the staging image of a member it has no base for (an initial sync)."""
-    d = PoolLayout(pool).journal_dir(unit)
-    files = [d / "data.bin", *(d / "staging").glob("*.img")]
-    total = 0
-    for f in files:
-        try:
-            st = f.stat()
-        except FileNotFoundError:
-            continue
-        total += st.st_size if f.name == "data.bin" else st.st_blocks * 512
-    return total
 
 
 def test_the_priority_sync_takes_the_cap_while_the_others_wait(xfs_mod, tmp_path, redis_port):  # noqa: F811
