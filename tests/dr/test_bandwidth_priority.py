@@ -25,7 +25,7 @@ import pytest
 from drsvc.lab import Lab
 from drsvc.replication.state import find_state
 from tests.dr.helpers import journaled, wait_for, write_random
-from tests.fixtures.sites import Client, need_lab
+from tests.fixtures.sites import need_lab, started
 
 MiB = 1 << 20
 CAP = 8 * MiB
@@ -35,16 +35,10 @@ CAP = 8 * MiB
 def capped():
     need_lab()
     lab = Lab(Path(tempfile.mkdtemp(prefix="drsvc-bw-"))).build()
-    try:
-        cfg = lab.sites["a"].config_path
-        cfg.write_text(f"bwlimit = {CAP}\n" + cfg.read_text())      # top-level keys come before tables
-        lab.up("a", "b", components=("plugin", "worker", "control", "scheduler"))
-        lab.clients = {n: Client(s) for n, s in lab.sites.items()}
+    cfg = lab.sites["a"].config_path
+    cfg.write_text(f"bwlimit = {CAP}\n" + cfg.read_text())      # top-level keys come before tables
+    with started(lab) as lab:
         yield lab
-        for c in lab.clients.values():
-            c.close()
-    finally:
-        lab.teardown()
 
 
 class Journals:
