@@ -16,10 +16,16 @@ falls behind the clock and at most a tenth of a second of burst is let through.
 
 **Priority.** A Demote's final sync holds a lease on each of its caps' buckets (a sorted
 set, unit id -> expiry, renewed every second, lapsing 3 s after its holder stops: a killed
-worker frees it). While any lease is held, a sync of another unit gets no grant: it asks
-again every 0.1 s, while the unit holding the lease gets the whole cap (a sync of the same
-unit already running, which the Demote waits for, gets it too). Final syncs are bounded
-(what was written since the last sync), so the others wait that long and no longer.
+worker frees it). While any lease is held, the unit holding it gets the whole cap (a sync of
+the same unit already running, which the Demote waits for, gets it too), and a sync of
+another unit gets only what it leaves unused: a grant when the schedule has fallen behind
+the clock (nothing reserved ahead), without burst, asking again when it will have (at most
+0.05 s later: a priority sync that fills the cap keeps it ~0.1 s ahead). A
+final sync that fills the cap leaves them nothing; one that cannot (its capture and plan
+before the first byte, its unit's own ``bandwidthLimit``, a slow disk) does not idle the
+link. The one grant the others may hold ahead of it is within its burst: it never waits for
+them. Final syncs are bounded (what was written since the last sync), so the others wait that
+long and no longer.
 
 **Redis gone.** A sync never hangs on it and never fails for it: when a call fails (a
 dead Redis fails at once; a hung one after 1 s: :func:`client`, no retries), the sync goes on
@@ -48,23 +54,28 @@ from drsvc.transport.bandwidth import Bandwidth, LocalBandwidth, TokenBucket, co
 log = logging.getLogger(__name__)
 
 GRANT_MIN, GRANT_MAX = 64 << 10, 256 << 10
-POLL = 0.1              # a sync held back by another unit's priority asks again this often
+POLL = 0.05             # a sync held back by another unit's priority asks again this often
 LEASE_TTL = 3.0         # a priority lease lapses this long after its last renewal
 REDIS_RETRY = 5.0       # after a failed call, the process's own bucket serves this long
 
 # KEYS[1] the bucket: the instant its grants will all have gone (Redis TIME, seconds)
 # KEYS[2] its priority leases: unit id -> expiry
 # ARGV rate (bytes/s), burst (bytes), want (bytes), unit id, poll (s)
-# -> {granted bytes, seconds to wait before they may go}
+# -> {granted bytes, seconds to wait before they may go (none granted: before asking again)}
 _TAKE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-if redis.call('ZCARD', KEYS[2]) > 0 and not redis.call('ZSCORE', KEYS[2], ARGV[4]) then
-  return {0, ARGV[5]}
-end
 local rate, burst, want = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+if redis.call('ZCARD', KEYS[2]) > 0 and not redis.call('ZSCORE', KEYS[2], ARGV[4]) then
+  -- another unit has priority: only a cap it leaves unused, a grant at a time, no burst;
+  -- ask again when the schedule will have caught up with the clock (at most after poll)
+  if tat > now then
+    return {0, string.format('%.6f', math.min(tonumber(ARGV[5]), math.max(0.005, tat - now)))}
+  end
+  burst = 0
+end
 if tat < now then tat = now end
 local wait = tat - now - burst / rate
 if wait < 0 then wait = 0 end

@@ -34,7 +34,7 @@ from drsvc.transport.bandwidth import TokenBucket
 from drsvc.transport.local import LocalPeer
 from tests.dr.helpers import journaled
 from tests.ops.conftest import redis_port  # noqa: F401 - the fixture
-from workers.bandwidth import PriorityLease, RedisBandwidth, RedisBucket, client, grant_size
+from workers.bandwidth import POLL, PriorityLease, RedisBandwidth, RedisBucket, client, grant_size
 
 from .conftest import make_image, new_sites, same_images
 
@@ -49,7 +49,7 @@ from drsvc.replication import sync_unit
 from drsvc.transport.local import LocalPeer
 from workers.bandwidth import RedisBandwidth, client
 
-a, b, unit, port, cap, out, priority = sys.argv[1:]
+a, b, unit, port, cap, out, priority, own = sys.argv[1:]
 cfg = parse({"site": "a", "pool": a, "bwlimit": int(cap), "peers": {"b": {"transport": "local", "pool": b}}})
 site = RedisBandwidth(client(f"redis://127.0.0.1:{port}/0"), cfg.site, cfg.bandwidth_caps, shares=8)
 marks = []
@@ -68,7 +68,8 @@ class Marked:
 print("ready", flush=True)
 sys.stdin.readline()
 with site.priority(unit, "b") if priority == "1" else contextlib.nullcontext():
-    r = sync_unit(a, unit, [unit], LocalPeer(b), bandwidth=Marked(site.limiter(unit, "b")))
+    r = sync_unit(a, unit, [unit], LocalPeer(b), bandwidth=Marked(site.limiter(unit, "b")),
+                  bwlimit=int(own) or None)
 with open(out, "w") as f:
     json.dump({"marks": marks, "bytes_on_wire": r.bytes_on_wire, "done": time.time()}, f)
 """
@@ -77,10 +78,11 @@ with open(out, "w") as f:
 class Sender:
     """One sync in a process of its own, started when told to."""
 
-    def __init__(self, a: Path, b: Path, unit: str, port: int, out: Path, *, priority: bool = False):
+    def __init__(self, a: Path, b: Path, unit: str, port: int, out: Path, *, priority: bool = False,
+                 own: int = 0):
         self.unit, self.out = unit, out
         self.proc = subprocess.Popen([sys.executable, "-c", SENDER, str(a), str(b), unit, str(port), str(CAP),
-                                      str(out), "1" if priority else "0"],
+                                      str(out), "1" if priority else "0", str(own)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert self.proc.stdout.readline() == b"ready\n"      # imports done
 
@@ -144,13 +146,15 @@ def test_four_concurrent_syncs_in_four_processes_hold_the_site_cap(xfs_mod, tmp_
     assert all(0.15 <= x / sum(shares) <= 0.35 for x in shares), shares
 
 
-def test_the_priority_sync_takes_the_cap_while_the_others_wait(xfs_mod, tmp_path, redis_port):  # noqa: F811
+def _race(xfs_mod, tmp_path, port, *, own: int = 0) -> tuple[dict, list, float, float]:
+    """Three syncs of other units streaming, then the priority one (16 MiB) starts; returns the
+    results, the other units, and the window of the priority sync's sends."""
     a, b = new_sites(xfs_mod)
     bulk = [f"bulk{i}" for i in range(3)]
     _volumes(a, bulk, 24)
     _volumes(a, ["final"], 16)
-    senders = [Sender(a, b, v, redis_port, tmp_path / f"{v}.json") for v in bulk]
-    final = Sender(a, b, "final", redis_port, tmp_path / "final.json", priority=True)
+    senders = [Sender(a, b, v, port, tmp_path / f"{v}.json") for v in bulk]
+    final = Sender(a, b, "final", port, tmp_path / "final.json", priority=True, own=own)
     try:
         for s in senders:
             s.go()
@@ -164,7 +168,11 @@ def test_the_priority_sync_takes_the_cap_while_the_others_wait(xfs_mod, tmp_path
         _kill([*senders, final])
     same_images(a, b, [*bulk, "final"])
     fm = results["final"]["marks"]
-    start, end = fm[0][0], fm[-1][0]
+    return results, bulk, fm[0][0], fm[-1][0]
+
+
+def test_the_priority_sync_takes_the_cap_while_the_others_wait(xfs_mod, tmp_path, redis_port):  # noqa: F811
+    results, bulk, start, end = _race(xfs_mod, tmp_path, redis_port)
     rate = results["final"]["bytes_on_wire"] / (end - start) / CAP
     others = sum(_bytes_between(results[v]["marks"], start, end) for v in bulk)
     share = others / (others + results["final"]["bytes_on_wire"])
@@ -174,6 +182,21 @@ def test_the_priority_sync_takes_the_cap_while_the_others_wait(xfs_mod, tmp_path
     assert share <= 0.1
     # it finished first, and the others went on to the end afterwards
     assert all(results[v]["marks"][-1][0] > end for v in bulk)
+
+
+def test_a_priority_sync_slower_than_the_cap_leaves_the_rest_to_the_others(xfs_mod, tmp_path,
+                                                                           redis_port):  # noqa: F811
+    """Its unit's own limit holds the priority sync to a quarter of the cap: the link does not
+    idle, the others share the rest, and the priority sync keeps its own rate."""
+    own = CAP // 4
+    results, bulk, start, end = _race(xfs_mod, tmp_path, redis_port, own=own)
+    rate = results["final"]["bytes_on_wire"] / (end - start) / own
+    others = sum(_bytes_between(results[v]["marks"], start, end) for v in bulk)
+    total = (others + results["final"]["bytes_on_wire"]) / (end - start) / CAP
+    print(f"priority sync at its own limit: {rate:.3f} of it; all four together {total:.3f} of the cap over "
+          f"{end - start:.2f}s; load {load()}")
+    assert 0.85 <= rate <= 1.1
+    assert 0.8 <= total <= 1.1
 
 
 @pytest.fixture
@@ -270,13 +293,21 @@ def test_grants_leases_and_a_lapsed_holder(own_redis):
 
     with PriorityLease(r, [f"{key}:priority"], "mine"):
         waits.clear()
-        assert other._ask(grant) == 0 and waits == [pytest.approx(0.1)]   # no grant: ask again soon
-        assert mine._ask(grant) == grant                                   # the lease's unit takes
-    assert other._ask(grant) == grant                                      # let go: served again
+        # the priority unit takes nothing yet: the others may use the idle cap, one grant ahead
+        assert other._ask(grant) == grant and waits == []
+        # no grant: ask again once that one has gone
+        assert other._ask(grant) == 0 and waits == [pytest.approx(grant / CAP, abs=0.005)]
+        assert mine._ask(grant) == grant and len(waits) == 1                   # never waits for theirs
+        for _ in range(20):                              # the priority unit keeps the schedule ahead
+            assert mine._ask(grant) == grant
+        assert other._ask(grant) == 0 and waits[-1] == POLL                  # so the others get nothing
+    assert other._ask(grant) == grant                    # let go: served again, in turn
 
     held = PriorityLease(r, [f"{key}:priority"], "mine", ttl=1.0).__enter__()
     held._stop.set()                                    # its worker dies: no renewal, no release
     held._thread.join(5)
+    for _ in range(50):                                 # a second of the cap reserved ahead
+        mine._ask(grant)
     assert other._ask(grant) == 0
     time.sleep(1.2)
     assert other._ask(grant) == grant                   # lapsed one lease later
