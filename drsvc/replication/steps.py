@@ -19,7 +19,7 @@ import uuid
 from .. import store
 from ..errors import RoundAborted
 from . import health
-from .driver import Attempt
+from .driver import Attempt, Refused
 from .faults import failpoint
 from .generation import Prepared
 from .prepare import prepare
@@ -154,7 +154,11 @@ class Ship(Step):
         try:
             stream(a.session, prepared, a.report, unit_id=j.unit_id, epoch=j.epoch, demote=j.demote,
                    kind=a.st.kind, compress=j.compress, origin=j.origin,
-                   progress_path=health.progress_path(j.layout.root, j.unit_id), two_phase=j.cut is not None)
+                   progress_path=health.progress_path(j.layout.root, j.unit_id), two_phase=j.cut is not None,
+                   one_flight=a.one_flight, link=j.link, bwlimit=j.bwlimit)
+        except Refused:
+            a.pending, a.prepared = prepared, None    # it may exist at the peer: planned for as pending
+            raise
         except BaseException:
             if j.cut is not None:
                 j.cut.fail(rid)      # the others need not wait for a vote that will not come

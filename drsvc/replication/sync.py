@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from .. import store
 from ..errors import InvalidParameter, NotPrimary, StaleEpoch
+from ..transport import LinkHints
 from .blockmap import DEFAULT_BLOCK_SIZE, check_block_size
 from .cut import Cut
 from .driver import Attempt, Job, drive
@@ -64,6 +65,13 @@ class SyncPlanner:
                                      tuple(m["volume_id"] for m in a.pending.meta["members"]))
         return plan_steps(reconcile(job.unit_id, a.st.generation, pend, a.peer_st, job.members, job.mode))
 
+    def flight(self, a: Attempt) -> list[Step] | None:
+        """A fresh generation sent without asking first: what ``reconcile`` plans when the
+        peer is at our acked generation, which the transaction's ``begin`` checks there."""
+        if a.pending is not None or a.job.mode != "delta" or a.job.cut is not None:
+            return None
+        return plan_steps(["sync"])
+
 
 def open_apply_session(job: Job) -> ApplySession:
     """The default session opener: one `apply` conversation on a (warm) receiver."""
@@ -74,7 +82,7 @@ def sync_unit(pool, unit_id: str, members, peer, *, mountpoints=(), epoch: int |
               demote: bool = False, mode: str = "delta", kind: str | None = None,
               block_size: int | None = None, bwlimit: float | None = None,
               compress: str = "auto", origin: dict | None = None, attempts: int = 1,
-              cut: Cut | None = None) -> SyncReport:
+              cut: Cut | None = None, link: LinkHints | None = None) -> SyncReport:
     """Replicate one volume or group to *peer* and return the report (also kept in state.json).
 
     members: the volume ids of the unit (one for a volume unit). mountpoints:
@@ -85,6 +93,7 @@ def sync_unit(pool, unit_id: str, members, peer, *, mountpoints=(), epoch: int |
     attempts: how many times to plan and run again after a lost connection.
     cut: this unit is one node's part of a group spanning storage nodes
     (``replication.cut``): captures meet the other parts, commits are two-phase.
+    link: striping hints (how many channels a large generation takes; None: ``peer.link``).
     """
     if mode not in MODES:
         raise InvalidParameter(key="mode", reason=f"must be one of {MODES}")
@@ -103,7 +112,8 @@ def sync_unit(pool, unit_id: str, members, peer, *, mountpoints=(), epoch: int |
         st = _primary_state(pool, unit_id, members, kind=kind, epoch=epoch, block_size=block_size)
         report.epoch = epoch = st.epoch if epoch is None else epoch
         job = Job(layout, unit_id, members, peer, mountpoints=tuple(mountpoints), epoch=epoch,
-                  demote=demote, mode=mode, compress=compress, bwlimit=bwlimit, origin=origin, cut=cut)
+                  demote=demote, mode=mode, compress=compress, bwlimit=bwlimit, origin=origin, cut=cut,
+                  link=link)
         planner = SyncPlanner(lambda: _primary_state(pool, unit_id, members, kind=kind, epoch=epoch,
                                                      block_size=block_size))
         drive(job, planner, open_apply_session, report, attempts=attempts)
