@@ -27,8 +27,8 @@ import threading
 import time
 from typing import Protocol
 
-from ..errors import (BaseMismatch, ProtocolError, ReplicaIsPrimary, ReplicationConflict, RoundUndecided,
-                      StaleEpoch, StreamCorrupt, VolumeInUse)
+from ..errors import (BaseMismatch, ImageInUse, PeerUnreachable, ProtocolError, ReplicaIsPrimary, ReplicationConflict, RoundUndecided,
+                      StaleEpoch, StreamCorrupt)
 from . import handoff, protocol
 from . import origin as unit_origin
 from .faults import failpoint
@@ -41,7 +41,7 @@ from .state import find_state
 
 RESUME_KEY = ("unit", "txid", "base", "target")    # a journal resumes only for the same transaction
 # what a one-flight begin is refused with (answered ``refused``, the conversation goes on)
-REFUSALS = (ReplicaIsPrimary, StaleEpoch, BaseMismatch, ReplicationConflict, RoundUndecided, VolumeInUse)
+REFUSALS = (ReplicaIsPrimary, StaleEpoch, BaseMismatch, ReplicationConflict, RoundUndecided, ImageInUse)
 MAX_STRIPES = 64
 STRIPE_WAIT = 60.0     # seconds the trailer waits for stripes that make no progress
 
@@ -144,7 +144,9 @@ class Stripes:
                          daemon=True).start()
 
     def _read(self, stripe: handoff.Attached) -> None:
-        reader = FrameReader(stripe.stream.recv)
+        def cut(got, want):     # a cut channel: retriable at the sender, which resumes
+            raise PeerUnreachable(peer=f"stripe {stripe.index}", reason="its channel closed mid-transaction")
+        reader = FrameReader(stripe.stream.recv, on_eof=cut)
         try:
             self.t.begun.wait()
             while True:
