@@ -24,6 +24,7 @@ Example::
     # connections = 2                                    # SSH connections a large sync's stripes spread over
     # max_stripes = 8                                    # channels one sync may take (1: never stripe)
     # window = 2097152                                   # the peer sshd's channel window (HPN-SSH: larger)
+    # stripes = 0                                        # fix the channels of every sync (0: from RTT and rate)
 
 A site of several storage nodes lists them; each node's plugin and worker run with
 ``--node NAME`` (or ``DRSVC_NODE``) and use that node's pool, and the site's controller
@@ -84,6 +85,7 @@ class PeerConfig:
     connections: int = 2          # SSH connections the stripes of one sync spread over
     max_stripes: int = 8          # channels one sync may take
     window: int = 2 << 20         # the peer sshd's channel window
+    stripes: int = 0              # channels of every sync, fixed (0: from the measured RTT and the rate)
 
     def at_node(self, node: str, where: str) -> PeerConfig:
         """This peer as one node of ours reaches it: the sshd of the peer node that holds
@@ -256,7 +258,8 @@ def _peer(name: str, p: dict, where: str, rel) -> PeerConfig:
             raise ConfigInvalid(where=where, reason=f"nodes.{node} needs host (and port)")
         nodes[node] = (addr["host"], int(addr.get("port", 22)))
     counts = {k: _whole(p, k, default, low, where) for k, default, low in
-              (("max_syncs", 0, 0), ("connections", 2, 1), ("max_stripes", 8, 1), ("window", 2 << 20, 32 << 10))}
+              (("max_syncs", 0, 0), ("connections", 2, 1), ("max_stripes", 8, 1), ("window", 2 << 20, 32 << 10),
+               ("stripes", 0, 0))}
     return PeerConfig(name=name, host=p.get("host", ""), port=int(p.get("port", 22)), user=p.get("user", "root"),
                       known_hosts=path("known_hosts"), key=path("key"), transport=transport, pool=path("pool"),
                       nodes=nodes, link_rate=parse_rate(p.get("link_rate", 0), where), **counts)

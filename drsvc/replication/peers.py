@@ -40,7 +40,8 @@ def connect(p: PeerConfig) -> Peer:
 
 def link_of(p: PeerConfig) -> LinkHints:
     """The striping hints of a [peers.<name>] table."""
-    return LinkHints(rate=p.link_rate, window=p.window, connections=p.connections, max_stripes=p.max_stripes)
+    return LinkHints(rate=p.link_rate, window=p.window, connections=p.connections, max_stripes=p.max_stripes,
+                     stripes=p.stripes)
 
 
 class PeerFactory:

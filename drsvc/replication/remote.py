@@ -212,12 +212,15 @@ class ApplySession:
     no transaction is open when it closes. The first status exchange is retried
     once on a fresh channel when a reused one turns out dead."""
 
+    peer = None
+    round_trips = 0          # replies waited for (a request's answer), for the report
+    channels_opened = 0      # fresh receivers started (each a few round trips over SSH)
+
     def __init__(self, peer, unit_id: str, *, bwlimit: float | None = None):
         self.peer, self.unit_id, self.bwlimit = peer, unit_id, bwlimit
         # the one limiter every byte of this session goes through, on every stripe
         self.limiter = TokenBucket(bwlimit) if bwlimit else None
-        self.round_trips = 0        # replies waited for (a request's answer), for the report
-        self.channels_opened = 0    # fresh receivers started (each a few round trips over SSH)
+        self.round_trips = self.channels_opened = 0
         self._replies: queue.Queue | None = None
         self._stripes: list[Stripe] = []
         self._attach(fresh=False)
