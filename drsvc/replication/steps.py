@@ -157,7 +157,9 @@ class Ship(Step):
                    progress_path=health.progress_path(j.layout.root, j.unit_id), two_phase=j.cut is not None,
                    one_flight=a.one_flight, link=j.link, bwlimit=j.bwlimit)
         except Refused:
-            a.pending, a.prepared = prepared, None    # it may exist at the peer: planned for as pending
+            # refused before the peer journaled anything: the generation is not there. It is as
+            # fresh as an early capture, and planned for as one (dropped unless a step takes it)
+            a.early, a.prepared = prepared, None
             raise
         except BaseException:
             if j.cut is not None:
