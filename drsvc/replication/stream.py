@@ -64,6 +64,7 @@ def stream(session: Session, prepared: Prepared, report: SyncReport, *, unit_id:
         sent, chain = _send_records(session, prepared, stripes, skip, held, v4, came, compress, progress_path,
                                     unit_id)
         expect = "prepared" if two_phase else "committed"
+        t_sent = time.monotonic()
         if came is not None and came.is_set():      # answered before the trailer: refused, or an error
             reply = session.answer(expect)
             session.abort()
@@ -79,7 +80,10 @@ def stream(session: Session, prepared: Prepared, report: SyncReport, *, unit_id:
         raise Refused(reply.get("status") or {}, reply.get("error"))
     if reply.get("txid") != meta["txid"] or reply.get("target" if two_phase else "generation") != meta["generation"]:
         raise ReplicationConflict(unit_id=unit_id, reason=f"peer committed {reply}, expected {meta['txid']}")
-    report.phases["stream_s"] = round(time.monotonic() - t0, 4)
+    t_end = time.monotonic()
+    report.phases["stream_s"] = round(t_end - t0, 4)
+    # of which: the records out (the last one handed to the channels), and the wait for the answer
+    report.phases["send_s"], report.phases["answer_s"] = round(t_sent - t0, 4), round(t_end - t_sent, 4)
     for k in ("sync_s", "apply_s"):          # the peer's commit, inside stream_s
         if isinstance(reply.get(k), (int, float)):
             report.phases[f"peer_{k}"] = reply[k]

@@ -192,13 +192,17 @@ class SshPeer(Peer):
         """The connection's round trip, measured by a keepalive request (one RTT) on a thread
         of its own, once per RTT_TTL; never on the caller's path unless it waits."""
         client = self._client
+        if client is None:          # a Peer built for this sync, on a login cached by an earlier one
+            with _LOCK:
+                client = _CLIENTS.get(self.session_key)
         t = client.get_transport() if client is not None else None
-        if t is None:
+        if t is None or not t.is_active():
             return None
         probe = getattr(t, "_drsvc_rtt", None)
-        if probe is None or (probe.done.is_set() and time.monotonic() - probe.at > RTT_TTL):
-            probe = _RttProbe(t)
-            t._drsvc_rtt = probe
+        if probe is not None and probe.done.is_set() and time.monotonic() - probe.at > RTT_TTL:
+            t._drsvc_rtt = _RttProbe(t)        # a fresh one in the background; this call keeps the last
+        elif probe is None:
+            probe = t._drsvc_rtt = _RttProbe(t)
         probe.done.wait(wait)
         return probe.value
 
