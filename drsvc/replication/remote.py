@@ -157,6 +157,14 @@ def hello(peer) -> dict:
     return _call(peer, "hello", expect="hello")
 
 
+def warm(peer) -> dict:
+    """Leave a greeted receiver warm on the peer's connection and its RTT measured (a worker
+    does it when it starts, so its first sync or a Demote's final sync opens no login)."""
+    msg = hello(peer)
+    peer.rtt()
+    return msg
+
+
 def peer_status(peer, unit_id: str) -> dict:
     """The replica's state on the peer (an unfinished committed journal is completed first)."""
     return _call(peer, "status", unit_id, expect="status")
