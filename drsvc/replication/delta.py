@@ -238,7 +238,7 @@ def manifest_of(plan_path, upto: int | None = None, only=None) -> ManifestChain:
 PIPELINE_DEPTH = 8        # frames read ahead of the channels (each <= CHUNK): bounded memory
 
 
-def stream_records(plan_path, fds: list[int], writes, *, codec: AdaptiveCodec, skip=0, held=frozenset(),
+def stream_records(plan_path, fds: list[int], writes, *, compress: str = "auto", skip=0, held=frozenset(),
                    indexed: bool = False, stop: threading.Event | None = None,
                    flush_at: int = 256 << 10) -> tuple[int, ManifestChain]:
     """Send the plan's records, but the first *skip* and those in *held*, through the
@@ -246,10 +246,12 @@ def stream_records(plan_path, fds: list[int], writes, *, codec: AdaptiveCodec, s
 
     Returns (records sent, manifest chain over all records). A reader thread reads
     the records in plan (offset) order, checks each against the plan's checksum (a
-    snapshot that changed underneath is caught, never sent), encodes it (with its plan
-    index when *indexed*) and queues ready batches of whole records; each channel takes
-    the next batch when it is free (one channel: this thread writes). Reading,
-    compressing and sending overlap, and the sender never waits on the peer per record.
+    snapshot that changed underneath is caught, never sent) and queues batches of whole
+    records; each channel's writer takes the next batch when it is free (one channel:
+    this thread), encodes it with a codec of its own (*compress*: adaptive zstd; with
+    its plan index when *indexed*) and sends it. Reading, compressing and sending
+    overlap; with several channels the compression runs on as many threads (zstd
+    releases the GIL), and the sender never waits on the peer per record.
     Small records are batched into frames of about *flush_at* bytes. *stop* set by
     another thread ends the stream early (what was sent is sent)."""
     writes = [writes] if callable(writes) else list(writes)
@@ -263,17 +265,18 @@ def stream_records(plan_path, fds: list[int], writes, *, codec: AdaptiveCodec, s
 
     def produce():
         try:
-            _read_records(plan_path, fds, skipping, codec, flush_at, indexed, frames, free, halt, result)
+            _read_records(plan_path, fds, skipping, flush_at, frames, free, halt, result)
         except BaseException as e:   # re-raised by the writer
             frames.put(("error", e))
 
     reader = threading.Thread(target=produce, name="drsvc-read-records", daemon=True)
     reader.start()
     try:
+        enc = _Encoder(compress, indexed, flush_at)
         if len(writes) == 1:
-            _write_frames(frames, free, writes[0], halt)
+            _write_frames(frames, free, writes[0], halt, enc)
         else:
-            _write_striped(frames, free, writes, halt)
+            _write_striped(frames, free, writes, halt, enc)
     finally:
         halt.set()
         while reader.is_alive():      # unblock a reader waiting on a full queue or for a buffer
@@ -314,7 +317,37 @@ class _Skip:
         return i < self.skip or i in self.held
 
 
-def _write_frames(frames: queue.Queue, free: queue.Queue, write, stop: _Halt) -> None:
+class _Encoder:
+    """Turns a batch of records into frames and sends them, with a codec of its own."""
+
+    def __init__(self, compress: str, indexed: bool, flush_at: int):
+        self.compress, self.indexed, self.flush_at = compress, indexed, flush_at
+        self.codec = AdaptiveCodec(compress)      # zstd contexts are not shared between threads
+
+    def copy(self) -> _Encoder:
+        return _Encoder(self.compress, self.indexed, self.flush_at)
+
+    def send(self, records, write) -> None:
+        codec = self.codec
+        out = bytearray()
+        for member, z, off, length, ck, index, data in records:
+            index = index if self.indexed else None
+            if z:
+                out += encode_record_header(member, CODEC_ZERO, off, length, 0, 0, index)
+                continue
+            c, payload = codec.encode(data)
+            out += encode_record_header(member, c, off, length, ck, len(payload), index)
+            if len(payload) >= self.flush_at:      # a big payload goes out as it is, after its header
+                write(bytes(out))
+                out.clear()
+                write(payload)
+            else:
+                out += payload
+        if out:
+            write(bytes(out))
+
+
+def _write_frames(frames: queue.Queue, free: queue.Queue, write, stop: _Halt, enc: _Encoder) -> None:
     """One channel's writer: batches from the queue until the end (or *stop*)."""
     while not stop.is_set():
         try:
@@ -328,19 +361,18 @@ def _write_frames(frames: queue.Queue, free: queue.Queue, write, stop: _Halt) ->
         if kind == "error":
             frames.put(item)
             raise item[1]
-        for part in item[1]:
-            write(part)
+        enc.send(item[1], write)
         if item[2] is not None:
             free.put(item[2])
 
 
-def _write_striped(frames: queue.Queue, free: queue.Queue, writes, stop: _Halt) -> None:
+def _write_striped(frames: queue.Queue, free: queue.Queue, writes, stop: _Halt, enc: _Encoder) -> None:
     """A writer thread per channel; the first failure stops them all and is raised."""
     errors: list[BaseException] = []
 
     def run(write):
         try:
-            _write_frames(frames, free, write, stop)
+            _write_frames(frames, free, write, stop, enc.copy())
         except BaseException as e:   # noqa: BLE001 - raised below, in the caller's thread
             errors.append(e)
             stop.set()
@@ -355,10 +387,13 @@ def _write_striped(frames: queue.Queue, free: queue.Queue, writes, stop: _Halt) 
         raise errors[0]
 
 
-def _read_records(plan_path, fds, skipping, codec, flush_at, indexed, frames, free, stop, result) -> None:
+def _read_records(plan_path, fds, skipping, flush_at, frames, free, stop, result) -> None:
+    """The reader: every record not skipped, read and checked, into batches of whole records
+    (member, is_zero, offset, length, checksum, index, data): small ones copied together up to
+    *flush_at* bytes, a big one alone in a buffer of its own (back to *free* once sent)."""
     chain = result["chain"]
-    out = bytearray()
-    scratch = bytearray(flush_at)
+    batch: list = []
+    size = 0
     h64 = xxhash.xxh3_64_intdigest
     for i, (member, z, off, length, ck) in enumerate(read_plan(plan_path)):
         chain.update(member, z, off, length, ck)
@@ -366,36 +401,33 @@ def _read_records(plan_path, fds, skipping, codec, flush_at, indexed, frames, fr
             continue
         if stop.is_set():
             return
-        index = i if indexed else None
-        if z:
-            out += encode_record_header(member, CODEC_ZERO, off, length, 0, 0, index)
-        else:
-            big = length >= flush_at
-            buf = free.get() if big else scratch
-            if length > len(buf):
-                buf = bytearray(length)
-            data = memoryview(buf)[:length]
-            got = os.preadv(fds[member], [data], off)
-            if got < length:
-                data[got:] = bytes(length - got)
-            if h64(data) != ck:
-                raise ReplicationConflict(unit_id="?", reason=f"snapshot changed under the plan at offset {off}")
-            c, payload = codec.encode(data)
-            out += encode_record_header(member, c, off, length, ck, len(payload), index)
-            if len(payload) >= flush_at:
-                # a big record goes whole to one channel: its header, then its payload
-                frames.put(("batch", (bytes(out), payload if big else bytes(payload)), buf if big else None))
-                out.clear()
-            else:
-                out += payload
-                if big:
-                    free.put(buf)
         result["sent"] += 1
-        if len(out) >= flush_at:
-            frames.put(("batch", (bytes(out),), None))
-            out.clear()
-    if out:
-        frames.put(("batch", (bytes(out),), None))
+        if z:
+            batch.append((member, True, off, length, 0, i, None))
+            if len(batch) >= 4096:
+                frames.put(("batch", batch, None))
+                batch, size = [], 0
+            continue
+        big = length >= flush_at
+        buf = free.get() if big else bytearray(length)
+        if length > len(buf):
+            buf = bytearray(length)
+        data = memoryview(buf)[:length]
+        got = os.preadv(fds[member], [data], off)
+        if got < length:
+            data[got:] = bytes(length - got)
+        if h64(data) != ck:
+            raise ReplicationConflict(unit_id="?", reason=f"snapshot changed under the plan at offset {off}")
+        if big:
+            frames.put(("batch", [(member, False, off, length, ck, i, data)], buf))
+            continue
+        batch.append((member, False, off, length, ck, i, data))
+        size += length
+        if size >= flush_at or len(batch) >= 4096:
+            frames.put(("batch", batch, None))
+            batch, size = [], 0
+    if batch:
+        frames.put(("batch", batch, None))
     frames.put(("end",))
 
 

@@ -14,7 +14,7 @@ import time
 from ..errors import ReplicationConflict, StreamCorrupt
 from ..transport import LinkHints
 from . import handoff, protocol
-from .delta import AdaptiveCodec, manifest_of, stream_records
+from .delta import manifest_of, stream_records
 from .driver import Refused, Session
 from .generation import Prepared
 from .progress import Progress
@@ -134,7 +134,7 @@ def _send_records(session: Session, prepared: Prepared, stripes, skip: int, held
         writes = [prog.wrap(w) for w in writes]
     try:
         sent, chain = stream_records(prepared.dir / "plan.bin", fds, writes, skip=skip, held=held,
-                                     indexed=indexed, stop=stop, codec=AdaptiveCodec(compress))
+                                     indexed=indexed, stop=stop, compress=compress)
         for s in stripes:
             s.end()
         return sent, chain
