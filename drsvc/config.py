@@ -22,6 +22,11 @@ Example::
     # max_syncs = 1                                      # syncs to this peer at once (default: with
     #                                                    # several peers, all but one worker process)
     # bwlimit = "50mbit"                                 # syncs to this peer together, under the site's
+    # link_rate = "1gbit"                                # the path's rate (bytes/s, or "100mbit", "1gbit")
+    # connections = 2                                    # SSH connections a large sync's stripes spread over
+    # max_stripes = 8                                    # channels one sync may take (1: never stripe)
+    # window = 2097152                                   # the peer sshd's channel window (HPN-SSH: larger)
+    # stripes = 0                                        # fix the channels of every sync (0: from RTT and rate)
 
 A site of several storage nodes lists them; each node's plugin and worker run with
 ``--node NAME`` (or ``DRSVC_NODE``) and use that node's pool, and the site's controller
@@ -80,6 +85,11 @@ class PeerConfig:
     max_syncs: int = 0            # syncs to this peer at once, site-wide (0: the default rule)
     bwlimit: int = 0              # bytes per second for all syncs to this peer together (0: no cap)
     nodes: dict = field(default_factory=dict)   # a multi-node peer: node -> (host, port) of its sshd
+    link_rate: float = 0.0        # bytes/s of the path (0: unknown); sizes a large sync's stripes
+    connections: int = 2          # SSH connections the stripes of one sync spread over
+    max_stripes: int = 8          # channels one sync may take
+    window: int = 2 << 20         # the peer sshd's channel window
+    stripes: int = 0              # channels of every sync, fixed (0: from the measured RTT and the rate)
 
     def at_node(self, node: str, where: str) -> PeerConfig:
         """This peer as one node of ours reaches it: the sshd of the peer node that holds
@@ -295,12 +305,20 @@ def _peer(name: str, p: dict, where: str, rel) -> PeerConfig:
         if not isinstance(addr, dict) or "host" not in addr:
             raise ConfigInvalid(where=where, reason=f"nodes.{node} needs host (and port)")
         nodes[node] = (addr["host"], int(addr.get("port", 22)))
-    max_syncs = p.get("max_syncs", 0)
-    if not isinstance(max_syncs, int) or isinstance(max_syncs, bool) or max_syncs < 0:
-        raise ConfigInvalid(where=where, reason=f"max_syncs must be a whole number >= 0, not {max_syncs!r}")
+    counts = {k: _whole(p, k, default, low, where) for k, default, low in
+              (("max_syncs", 0, 0), ("connections", 2, 1), ("max_stripes", 8, 1), ("window", 2 << 20, 32 << 10),
+               ("stripes", 0, 0))}
     return PeerConfig(name=name, host=p.get("host", ""), port=int(p.get("port", 22)), user=p.get("user", "root"),
                       known_hosts=path("known_hosts"), key=path("key"), transport=transport, pool=path("pool"),
-                      max_syncs=max_syncs, nodes=nodes, bwlimit=parse_bwlimit(p.get("bwlimit", 0), where))
+                      nodes=nodes, bwlimit=parse_bwlimit(p.get("bwlimit", 0), where),
+                      link_rate=float(parse_bwlimit(p.get("link_rate", 0), where, "link_rate")), **counts)
+
+
+def _whole(p: dict, key: str, default: int, low: int, where: str) -> int:
+    v = p.get(key, default)
+    if not isinstance(v, int) or isinstance(v, bool) or v < low:
+        raise ConfigInvalid(where=where, reason=f"{key} must be a whole number >= {low}, not {v!r}")
+    return v
 
 
 def check_node_name(name: str, where: str) -> str:

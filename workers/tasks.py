@@ -177,8 +177,40 @@ def worker_main(argv=None) -> int:
     wargs = ["worker", "-Q", queues, *pool, "-c", str(args.concurrency), "-l", args.loglevel, "-E",
              "-n", args.hostname or f"{worker_name(cfg, args.role)}@%h", "--without-gossip", "--without-mingle"]
     keep_worker_titles("worker", cfg, "" if args.role == "data" else args.role)
+    if args.role in ("data", "control"):
+        keep_peers_warm(cfg)
     app.worker_main(wargs)
     return 0
+
+
+WARM_EVERY = 300.0       # seconds; a warm receiver is dropped after remote.IDLE_TTL (600) unused
+
+
+def keep_peers_warm(cfg) -> None:
+    """Each pool process logs in to every peer when it starts, and greets a receiver there
+    every WARM_EVERY seconds: a Demote's final sync, or the first sync after a quiet spell,
+    then costs its round trips, not a login's (about nine over SSH)."""
+    from celery import signals
+
+    def loop():
+        import time
+
+        from drsvc.replication import remote
+        from drsvc.replication.peers import connect
+        while True:
+            for p in cfg.peers.values():
+                try:
+                    peer = connect(p)
+                    if peer.session_key is not None:     # a transport that keeps connections
+                        remote.warm(peer)
+                except Exception as e:  # noqa: BLE001 - the peer may be down; syncs report that
+                    log.debug("peer %s not warmed: %s", p.name, e)
+            time.sleep(WARM_EVERY)
+
+    def on_child(**_):
+        import threading
+        threading.Thread(target=loop, name="drsvc-warm-peers", daemon=True).start()
+    signals.worker_process_init.connect(on_child, weak=False)
 
 
 def worker_name(cfg, role: str) -> str:

@@ -6,10 +6,26 @@ Importing this package never imports paramiko (drsvc.transport.ssh does).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 from .bandwidth import Bandwidth, TokenBucket
 
-__all__ = ["Bandwidth", "Channel", "LimitedChannel", "Peer", "TokenBucket"]
+__all__ = ["WINDOW", "Bandwidth", "Channel", "LimitedChannel", "LinkHints", "Peer", "TokenBucket"]
+
+WINDOW = 2 << 20     # the channel window OpenSSH's sshd grants (its default, and HPN-SSH's floor)
+
+
+@dataclass(frozen=True)
+class LinkHints:
+    """What the site config says of the path to a peer (``[peers.<name>]``), for striping:
+    ``rate`` in bytes/s (0: unknown), the peer's channel ``window``, how many
+    ``connections`` stripes may spread over, ``max_stripes``, and ``stripes`` to fix the
+    count (0: from the measured RTT and the rate)."""
+    rate: float = 0.0
+    window: int = WINDOW
+    connections: int = 2
+    max_stripes: int = 8
+    stripes: int = 0
 
 
 class Channel(ABC):
@@ -58,6 +74,17 @@ class Peer(ABC):
 
     name: str = "peer"
     session_key = None
+    link: LinkHints = LinkHints()
+
+    def lane(self, i: int) -> Peer:
+        """The peer over its i-th connection (0: this one). A transport with one connection
+        (or none kept) answers itself: every lane shares it."""
+        return self
+
+    def rtt(self, wait: float = 0.0) -> float | None:
+        """The measured round trip to the peer in seconds, or None while unknown (waiting
+        up to *wait* seconds for a measurement under way). A local peer: 0."""
+        return 0.0
 
     @abstractmethod
     def open(self, verb: str, *args: str) -> Channel:

@@ -116,3 +116,15 @@ class LocalBandwidth:
 
     def priority(self, unit_id: str, peer: str) -> AbstractContextManager:
         return nullcontext()
+
+
+def rate_of(limit: Bandwidth | None) -> float | None:
+    """The tightest rate a limit is known to hold (bytes/s), or None: a hint for sizing a
+    sync's stripes when the path's own rate is not configured."""
+    if limit is None:
+        return None
+    if isinstance(limit, AllOf):
+        rates = [r for r in (rate_of(x) for x in limit.limits) if r]
+        return min(rates) if rates else None
+    rate = getattr(limit, "rate", None)
+    return float(rate) if isinstance(rate, (int, float)) and rate > 0 else None

@@ -3,6 +3,7 @@ every test: sshds up, every component running, receivers without failpoints, sit
 configs as built. Each test works on volumes of its own."""
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 
@@ -16,12 +17,18 @@ from .steps import set_receiver_failpoints
 # short, so a task of a SIGKILLed worker comes back within seconds; every sync
 # the suite stretches stays well below it
 VISIBILITY_TIMEOUT = 8
+# every sync of the suite is striped (protocol 4): a master channel and 3 stripe channels over
+# 2 SSH connections, whatever its size, so every fault lands on a striped transaction
+STRIPES = 'stripes = 4\nconnections = 2\n'
 
 
 def build_lab(prefix: str, **kw) -> Lab:
     need_lab()
     root = Path(tempfile.mkdtemp(prefix=prefix))
     lab = Lab(root, visibility_timeout=VISIBILITY_TIMEOUT, **kw).build()
+    for s in lab.sites.values():
+        text = s.config_path.read_text()
+        s.config_path.write_text(re.sub(r"(\[peers\.[^\]\n]+\]\n)", lambda m: m.group(1) + STRIPES, text))
     lab.configs = {n: s.config_path.read_text() for n, s in lab.sites.items()}
     lab.known_hosts = {n: {p: (s.root / "ssh" / f"{p}.known_hosts").read_text() for p in lab.sites if p != n}
                        for n, s in lab.sites.items()}

@@ -17,6 +17,7 @@ from drsvc import store
 from drsvc.lab import receiver_command
 from drsvc.replication import remote
 from drsvc.replication.layout import PoolLayout
+from drsvc.replication.peers import link_of
 from drsvc.replication.state import find_state
 from drsvc.transport import ssh
 from drsvc.transport.ssh import SshPeer
@@ -91,9 +92,11 @@ def check_converged(src, dst, unit_id, volume_ids, *, settle: float = 30.0) -> N
 def peer_of(site, name="b", *, port=None, known_hosts=None, io_timeout=30.0) -> SshPeer:
     """The SSH peer exactly as the site's worker builds it (pinned key, dedicated key)."""
     p = site.cfg.peer(name)
-    return SshPeer(p.host, port=port or p.port, user=p.user, key_file=p.key,
+    peer = SshPeer(p.host, port=port or p.port, user=p.user, key_file=p.key,
                    known_hosts=known_hosts or p.known_hosts, name=name, io_timeout=io_timeout,
                    connect_timeout=10)
+    peer.link = link_of(p)     # the suite's peers stripe every sync (conftest.STRIPES)
+    return peer
 
 
 def write_quiesced(site, unit_id, **kw) -> int:
