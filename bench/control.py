@@ -1,6 +1,6 @@
 """Control latency while many units sync: `python -m bench.control --json` (issue 13).
 
-A two-site lab (drsvc.lab: loop-mounted XFS pools, redis-server, sshd with the forced
+A two-site lab (drsvc_lab: loop-mounted XFS pools, redis-server, sshd with the forced
 receiver and pinned host keys), each site with its plugin, data worker (concurrency 2),
 control worker and scheduler, started as `drsvc site up` starts them. --units volumes are
 enabled at site a on --interval schedules, so the data worker is saturated (syncs of a few
@@ -66,7 +66,7 @@ def _delays(pool, vids) -> list[float]:
 
 
 def run(args) -> dict:
-    from drsvc.lab import Lab
+    from drsvc_lab import Lab
     from drsvc.model import MOUNT, Capability
     from drsvc.replication.state import find_state
     from drsvc.site import Site

@@ -19,6 +19,10 @@ from pathlib import Path
 
 from drsvc import runner
 
+from .ceilings import channel_text, extents_text
+from .floor import floor_s
+from .site import rsync_ssh
+
 MiB, GiB = 1 << 20, 1 << 30
 BS = 4096
 RSYNC_DELTA = ["--inplace", "--no-whole-file", "--ignore-times"]
@@ -70,12 +74,6 @@ def extent_count(path: Path) -> int:
     out = runner.run(["filefrag", path]).stdout
     m = re.search(r"(\d+) extents? found", out)
     return int(m.group(1)) if m else -1
-
-
-def rsync_ssh(site) -> str:
-    return (f"ssh -c aes128-gcm@openssh.com -p {site.port} -i {site.plain_key} "
-            f"-o UserKnownHostsFile={site.known_hosts} -o StrictHostKeyChecking=yes "
-            f"-o BatchMode=yes -o IdentitiesOnly=yes")
 
 
 def run_rsync(site, src: Path, dest: Path, flags) -> tuple[float, int]:
@@ -160,7 +158,6 @@ class CaseResult:
         print(f"           phase medians {d['drsvc_phases_median']}; peak RSS sender "
               f"{self.rss['sender'] / MiB:.1f} MiB, receiver {self.rss['receiver'] / MiB:.1f} MiB; "
               f"replica matches source: {self.verified}", flush=True)
-        from .ceilings import channel_text, extents_text   # ceilings imports this module
         if ch := self.extra.get("channel"):
             print(f"           ceiling: {channel_text(ch)} (medians of {len(ch['runs']['drsvc'])})", flush=True)
         if ec := self.extra.get("extent_costs"):
@@ -172,7 +169,6 @@ def measure(res: CaseResult, repeat: int, *, change: Callable[[int], Run], drsvc
     """Run a case *repeat* times: change the data, then the floor (cold runs only), then
     drsvc, then rsync, each from cold caches (make_cold does nothing with --warm).
     drsvc(i) returns {"wall_s", "report"} of one sync."""
-    from .floor import floor_s
     for i in range(repeat):
         run = change(i)
         res.changed.append(run.changed_bytes)

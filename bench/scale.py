@@ -3,7 +3,7 @@
     python -m bench.scale [--volumes 600] [--mib 64] [--interval 60] [--warmup 90]
                           [--duration 300] [--growth 150,300,600] [--faults] [--json]
 
-Two sites of three storage nodes (drsvc.lab.NodesLab: per node a loop XFS pool, an sshd
+Two sites of three storage nodes (drsvc_lab.NodesLab: per node a loop XFS pool, an sshd
 on 127.0.<site>.<node>, a data worker, an api worker, a scheduler; per site a Redis and
 the controller). --volumes volumes of --mib MiB are created through site a's controller
 (CreateVolume over the unix socket, placed on the nodes by the controller, each create a
@@ -153,7 +153,7 @@ def redis_calls(port: int) -> int:
 # -- the bench -------------------------------------------------------------------------
 class Scale:
     def __init__(self, args):
-        from drsvc.lab import NodesLab
+        from drsvc_lab import NodesLab
         self.args = args
         self.rnd = random.Random(args.seed)
         self.root = Path(tempfile.mkdtemp(prefix="drsvc-bench-scale-"))

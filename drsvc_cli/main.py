@@ -362,7 +362,7 @@ def cmd_flower(args, out: Output):
 
 
 def cmd_worker(args, out: Output):
-    from workers.tasks import worker_main
+    from workers.main import worker_main
     _config(args.config)
     argv = ["--config", args.config, "--role", args.role, "--node", args.node]
     return worker_main(argv + (["--concurrency", str(args.concurrency)] if args.concurrency else []))

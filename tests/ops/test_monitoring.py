@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from drsvc.lab import free_port, wait_port
+from drsvc_lab import free_port, wait_port
 from tests.dr.helpers import code_of, generation, wait_for, write_random
 
 
@@ -64,9 +64,8 @@ def test_metrics_follow_syncs_and_failures(lab):
     wait_for(lambda: (Metrics(scrape(port)).get(_norm(f"drsvc_replication_sync_failures_total{{{key}}}")) or 0) >= 2, 90,
              what="failed syncs")
     lag1 = Metrics(scrape(port))[f"drsvc_replication_lag_seconds{{{key}}}"]
-    time.sleep(2.5)
-    m = Metrics(scrape(port))
-    assert m[f"drsvc_replication_lag_seconds{{{key}}}"] > lag1
+    m = wait_for(lambda: (m := Metrics(scrape(port)))[f"drsvc_replication_lag_seconds{{{key}}}"] > lag1 and m,
+                 30, interval=0.5, what="the lag to grow while b is away")
     assert m[f'drsvc_replication_health{{{key},status="DEGRADED"}}'] == 1
     # ...and syncs catch up by themselves when it returns
     lab.start_sshd("b")

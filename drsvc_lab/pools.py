@@ -1,0 +1,81 @@
+"""Pools on loop-mounted filesystems (XFS with reflinks, as in production), and the
+cleanup of whatever a lab or a test mounted or attached below a directory."""
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from pathlib import Path
+
+from drsvc import runner
+from drsvc.host import loop, mounts
+
+MKFS = {"xfs": ["mkfs.xfs", "-q", "-f", "-m", "reflink=1"], "ext4": ["mkfs.ext4", "-q", "-F"],
+        "btrfs": ["mkfs.btrfs", "-q", "-f"]}
+
+
+def mount_fs(image: Path, mnt: Path, size: str, fstype: str = "xfs") -> tuple[Path, Path]:
+    """A sparse *size* image of *fstype* at *image*, loop-mounted on *mnt* (repeat-safe:
+    a mounted *mnt* is left as it is)."""
+    mnt.mkdir(parents=True, exist_ok=True)
+    if not mounts.is_mounted(mnt):
+        runner.run(["truncate", "-s", size, image])
+        runner.run([*MKFS[fstype], image], timeout=120)
+        runner.run(["mount", "-o", "loop", image, mnt])
+    return image, mnt
+
+
+def mount_xfs(root: Path, name: str, size: str) -> tuple[Path, Path]:
+    """A loop-mounted XFS with reflinks at root/name (repeat-safe): its image, its mount point."""
+    root.mkdir(parents=True, exist_ok=True)
+    return mount_fs(root / f"{name}.img", root / name, size)
+
+
+@contextlib.contextmanager
+def loop_fs(size: str = "20G", fstype: str = "xfs", prefix: str = "drsvc-fs-"):
+    """Yield the mount point of a fresh sparse *fstype* filesystem on a loop device, in a
+    temp dir of its own (its image: backing_file(mnt)); unmounted and removed after."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        _, mnt = mount_fs(work / "fs.img", work / "mnt", size, fstype)
+        try:
+            yield mnt
+        finally:
+            unmount_under(mnt)
+            runner.run(["umount", "-l", mnt], check=False)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def backing_file(mnt: Path) -> Path:
+    """The image behind a filesystem made by loop_fs."""
+    return Path(mnt).parent / "fs.img"
+
+
+def mounts_under(*roots) -> list[str]:
+    """Mount points strictly below any of *roots*, deepest first."""
+    roots = [str(Path(r).resolve()) for r in roots]
+    hits = {m.target for m in mounts.mounts() if any(m.target.startswith(r + "/") for r in roots)}
+    return sorted(hits, key=len, reverse=True)
+
+
+def loops_backing(directory) -> list[str]:
+    """Loop devices whose backing file lives under *directory*."""
+    prefix = str(Path(directory).resolve()) + "/"
+    return [f"/dev/{e.name}" for e in Path("/sys/block").glob("loop*")
+            if (loop.backing_of(f"/dev/{e.name}") or "").startswith(prefix)]
+
+
+def unmount_under(*roots) -> None:
+    """Unmount everything strictly below *roots* (deepest first; stacked mounts take
+    several passes; lazily if busy), then detach the loop devices backed from there."""
+    for _ in range(5):
+        targets = mounts_under(*roots)
+        if not targets:
+            break
+        for t in targets:
+            if runner.run(["umount", t], check=False).rc != 0:
+                runner.run(["umount", "-l", t], check=False)
+    for r in roots:
+        for dev in loops_backing(r):
+            runner.run(["losetup", "-d", dev], check=False)
