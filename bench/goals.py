@@ -27,20 +27,20 @@ def _kernel(c) -> str:
     return f" [{extents_text(ec)}]" if ec else ""
 
 
-def judge(doc: dict) -> list[tuple[str, str, bool]]:
-    cases = {c["name"]: c for c in doc["cases"]}
-    out = []
-    cold = doc.get("cold", True)
+def _near_floor(cases: dict, name: str, cold: bool) -> list:
+    c = cases.get(name)
+    if not (c and cold and c.get("floor_s")):
+        return []
+    d, f = _med(c, "drsvc_s"), _med(c, "floor_s")
+    return [(f"{name} cold: <= 1.5 x floor_s + 50 ms", f"{d:.3f} s vs {1.5 * f + 0.05:.3f} s "
+             f"(floor {f:.3f} s){_kernel(c)}", d <= 1.5 * f + 0.05),
+            (f"{name}: wire <= 1.05 x changed", f"{c['drsvc_wire_bytes'] / c['changed_bytes']:.3f} x",
+             c["drsvc_wire_bytes"] <= 1.05 * c["changed_bytes"])]
 
-    def near_floor(name):
-        c = cases.get(name)
-        if c and cold and c.get("floor_s"):
-            d, f = _med(c, "drsvc_s"), _med(c, "floor_s")
-            out.append((f"{name} cold: <= 1.5 x floor_s + 50 ms", f"{d:.3f} s vs {1.5 * f + 0.05:.3f} s "
-                        f"(floor {f:.3f} s){_kernel(c)}", d <= 1.5 * f + 0.05))
-            out.append((f"{name}: wire <= 1.05 x changed", f"{c['drsvc_wire_bytes'] / c['changed_bytes']:.3f} x",
-                        c["drsvc_wire_bytes"] <= 1.05 * c["changed_bytes"]))
-    near_floor("1pct")
+
+def _speeds(cases: dict, cold: bool) -> list:
+    """Beside rsync (1pct warm, 10pct, full), full's rate, and the thin case."""
+    out = []
     if (c := cases.get("1pct")) and not cold and c.get("ratio"):
         out.append(("1pct warm: >= 12 x rsync", f"{c['ratio']:.1f} x", c["ratio"] >= 12))
     if (c := cases.get("10pct")) and c.get("ratio"):
@@ -57,7 +57,11 @@ def judge(doc: dict) -> list[tuple[str, str, bool]]:
         out.append(("full: >= 400 MB/s", f"{mbs:.0f} MB/s{alone}", mbs >= 400))
     if c := cases.get("thin"):
         out.append(("thin: <= 0.5 s", f"{_med(c, 'drsvc_s'):.3f} s", _med(c, "drsvc_s") <= 0.5))
-    near_floor("aged")
+    return out
+
+
+def _idles_and_freezes(cases: dict) -> list:
+    out = []
     for name in ("idle", "idle_celery"):
         if c := cases.get(name):
             out.append((f"{name}: <= 30 ms", f"{_med(c, 'drsvc_s') * 1000:.0f} ms", _med(c, "drsvc_s") <= 0.030))
@@ -66,6 +70,14 @@ def judge(doc: dict) -> list[tuple[str, str, bool]]:
             ph = c.get("drsvc_phases") or []
             worst = max((p.get("freeze_s", 0.0) for p in ph), default=0.0)
             out.append((f"{name}: freeze <= 100 ms", f"{worst * 1000:.0f} ms (worst run)", worst <= 0.1))
+    return out
+
+
+def judge(doc: dict) -> list[tuple[str, str, bool]]:
+    cases = {c["name"]: c for c in doc["cases"]}
+    cold = doc.get("cold", True)
+    out = _near_floor(cases, "1pct", cold) + _speeds(cases, cold) + _near_floor(cases, "aged", cold)
+    out += _idles_and_freezes(cases)
     rss = doc.get("peak_rss_bytes") or {}
     if rss:
         out.append(("peak RSS < 150 MB (sender, receiver)",

@@ -24,22 +24,22 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from drsvc import runner
+from drsvc.model import BLOCK, Capability, ContentSource
+from drsvc.replication.state import find_state
+from drsvc.site import Site
+from drsvc_lab import Lab, wait_until
+from workers.app import make_app
+from workers.client import CeleryDispatcher
 
 from .floor import coalesce
 from .harness import MiB, RSYNC_DELTA, CaseResult, Run, measure, phase_medians, rewrite_blocks, run_rsync
 from .harness import same_content, stats, write_random
 from .rss import PeakRss, receiver_of
-
-
-def _wait(pred, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.2)
+from .site import Cold, sshd_site
 
 
 class OneWorker:
@@ -75,7 +75,6 @@ class OneWorker:
 
 def _sync_all(app, dispatcher, vids, pool, timeout: float) -> dict:
     """Queue one drsvc.sync per volume at once; wait for every result."""
-    from drsvc.replication.state import find_state
     t = time.monotonic()
     ids = [dispatcher.submit("sync", vid, {"trigger": "bench"}) for vid in vids]
     results = [app.AsyncResult(i).get(timeout=timeout, disable_sync_subtasks=False) for i in ids]
@@ -89,16 +88,102 @@ def _sync_all(app, dispatcher, vids, pool, timeout: float) -> dict:
                        "phases": phase_medians(phases)}}
 
 
+@dataclass
+class Many:
+    """The many case on its lab: site a's Celery app and services, and the volumes."""
+    args: object
+    rnd: object
+    lab: Lab
+    app: object = None
+    dispatcher: object = None
+    site: object = None
+    vids: list = field(default_factory=list)
+    img: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.sa, self.sb = self.lab.sites["a"], self.lab.sites["b"]
+        cfg = self.sa.cfg
+        self.app = make_app(cfg)
+        self.dispatcher = CeleryDispatcher(self.app)
+        self.site = Site.from_config(cfg, dispatcher=self.dispatcher, rpc_wait=600)
+
+    def make_volumes(self, n: int, size: int) -> None:
+        """One volume of random data, and n - 1 reflink clones of it (CreateVolume from a volume)."""
+        caps = [Capability(BLOCK, "SINGLE_NODE_WRITER")]
+        volumes = self.site.volumes
+        base = volumes.create_volume("many-000", required_bytes=size, capabilities=caps)
+        write_random(self.site.pool.image(base.volume_id), base.capacity_bytes, self.rnd)
+        vols = [base] + [volumes.create_volume(f"many-{i:03}", required_bytes=size, capabilities=caps,
+                                               source=ContentSource("volume", base.volume_id))
+                         for i in range(1, n)]
+        self.vids = [v.volume_id for v in vols]
+        self.img = {vid: self.site.pool.image(vid) for vid in self.vids}
+
+    def initial_syncs(self, n: int, size: int) -> float:
+        """Enable every volume (the worker runs the enable job and the initial sync); seconds."""
+        t = time.monotonic()
+        for vid in self.vids:
+            self.site.replication.requests.enable(self.site.status.resolve("volume", vid),
+                                                  {"schedulingInterval": "1h"})
+        wait_until(lambda: all((st := find_state(self.sa.pool, vid)) is not None and st.generation >= 1
+                               for vid in self.vids),
+                   120 + n * (size / (50 * MiB) + 2), "the initial syncs", interval=0.2)
+        return round(time.monotonic() - t, 3)
+
+    def measure_many(self, res: CaseResult, cold, rsite, rdir: Path) -> None:
+        """Per run: 1% of every volume rewritten, then all queued at once, beside rsync."""
+        args, n, img = self.args, len(self.vids), self.img
+        durations = []
+
+        def change(i):
+            files = [(img[vid], coalesce(rewrite_blocks(img[vid], 0.01, self.rnd))) for vid in self.vids]
+            return Run(sum(ln for _, ranges in files for _, ln in ranges), files)
+
+        def drsvc(i):
+            out = _sync_all(self.app, self.dispatcher, self.vids, self.sa.pool, timeout=600 + n * 30)
+            durations.extend(out["durations"])
+            return out
+
+        def rsync(i):
+            t = time.monotonic()
+            wire = sum(run_rsync(rsite, img[vid], rdir / f"{vid}.img", RSYNC_DELTA)[1] for vid in self.vids)
+            return time.monotonic() - t, wire
+        measure(res, args.repeat, make_cold=cold, change=change, drsvc=drsvc,
+                rsync=None if args.no_rsync else rsync)
+        res.extra.update({
+            "units": n, "volume_bytes": args.many_mib * MiB, "worker_concurrency": 1,
+            "syncs_per_s": stats([n / w for w in res.drsvc]),
+            "rsync_runs_per_s": stats([n / w for w in res.rsync]) if res.rsync else None,
+            "per_sync_worker_s": {"median": round(statistics.median(durations), 4),
+                                  "max": round(max(durations), 4), "syncs": len(durations)}})
+        res.verified = all(same_content(img[vid], self.sb.pool / "images" / f"{vid}.img",
+                                        *([] if args.no_rsync else [rdir / f"{vid}.img"])) for vid in self.vids)
+
+    def measure_idle(self, idle: CaseResult) -> None:
+        """idle_celery: a few KiB changed, one sync at a time, in the warm worker."""
+        vid = self.vids[0]
+        blocks = max(1, self.args.idle_kib // 4)
+        jobs_s = []
+
+        def one(i):
+            t = time.monotonic()
+            out = self.app.AsyncResult(self.dispatcher.submit("sync", vid, {"trigger": "bench"})).get(
+                timeout=600, disable_sync_subtasks=False)
+            wall = time.monotonic() - t
+            if not out.get("ok"):
+                raise RuntimeError(f"idle sync failed: {out}")
+            jobs_s.append(out["duration_s"])
+            return {"wall_s": wall, "report": {"bytes_on_wire": out["bytes_on_wire"],
+                                               "phases": find_state(self.sa.pool, vid).reports[-1].get("phases", {})}}
+        measure(idle, max(self.args.idle_syncs, 1), make_cold=lambda: None,
+                change=lambda i: Run(len(rewrite_blocks(self.img[vid], 0, self.rnd, count=blocks)) * 4096),
+                drsvc=one, rsync=None)
+        idle.extra.update({"worker_job_s": stats(jobs_s), "image_bytes": self.args.many_mib * MiB, "goal_s": 0.030,
+                           "note": "drsvc_s: enqueue to result through Celery; worker_job_s: the job itself"})
+        idle.verified = same_content(self.img[vid], self.sb.pool / "images" / f"{vid}.img")
+
+
 def many_case(args, rnd) -> list[CaseResult]:
-    from drsvc_lab import Lab
-    from drsvc.model import BLOCK, Capability, ContentSource
-    from drsvc.replication.state import find_state
-    from drsvc.site import Site
-    from workers.app import make_app
-    from workers.client import CeleryDispatcher
-
-    from .site import Cold, sshd_site
-
     n, size = args.many_count, args.many_mib * MiB
     cold_ok = not args.warm
     res = CaseResult("many", cold_ok)
@@ -107,84 +192,21 @@ def many_case(args, rnd) -> list[CaseResult]:
     lab = Lab(root, pool_size=f"{max(20, 2 * n * size // (1 << 30) + 8)}G", visibility_timeout=600)
     try:
         lab.build()
-        sa, sb = lab.sites["a"], lab.sites["b"]
-        cfg = sa.cfg
-        app = make_app(cfg)
-        dispatcher = CeleryDispatcher(app)
-        site = Site.from_config(cfg, dispatcher=dispatcher, rpc_wait=600)
+        m = Many(args, rnd, lab)
+        sa, sb = m.sa, m.sb
         cold = Cold([sa.pool.parent, sb.pool.parent], [sa.fs_image, sb.fs_image],
                     args.drop_caches if cold_ok else "off")
         rdir = sb.pool.parent / "rsync"
         rdir.mkdir()
-        caps = [Capability(BLOCK, "SINGLE_NODE_WRITER")]
-        base = site.volumes.create_volume("many-000", required_bytes=size, capabilities=caps)
-        write_random(site.pool.image(base.volume_id), base.capacity_bytes, rnd)
-        vols = [base] + [site.volumes.create_volume(f"many-{i:03}", required_bytes=size, capabilities=caps,
-                                                    source=ContentSource("volume", base.volume_id))
-                         for i in range(1, n)]
-        vids = [v.volume_id for v in vols]
-        img = {vid: site.pool.image(vid) for vid in vids}
-        with OneWorker(cfg, root / "worker.log") as worker, \
+        m.make_volumes(n, size)
+        with OneWorker(sa.cfg, root / "worker.log") as worker, \
                 PeakRss(worker.matches) as srss, PeakRss(receiver_of(sb.pool)) as rrss, \
                 sshd_site(sb.pool) as rsite:
-            t = time.monotonic()
-            for vid in vids:
-                site.replication.requests.enable(site.status.resolve("volume", vid), {"schedulingInterval": "1h"})
-
-            def initial_done():
-                return all((st := find_state(sa.pool, vid)) is not None and st.generation >= 1 for vid in vids)
-            _wait(initial_done, 120 + n * (size / (50 * MiB) + 2), "the initial syncs")
-            res.extra["initial_syncs_s"] = round(time.monotonic() - t, 3)
-            for vid in vids:
+            res.extra["initial_syncs_s"] = m.initial_syncs(n, size)
+            for vid in m.vids:
                 runner.run(["cp", "--reflink=always", sb.pool / "images" / f"{vid}.img", rdir / f"{vid}.img"])
-
-            def change(i):
-                files = [(img[vid], coalesce(rewrite_blocks(img[vid], 0.01, rnd))) for vid in vids]
-                return Run(sum(ln for _, ranges in files for _, ln in ranges), files)
-            durations = []
-
-            def drsvc(i):
-                out = _sync_all(app, dispatcher, vids, sa.pool, timeout=600 + n * 30)
-                durations.extend(out["durations"])
-                return out
-
-            def rsync(i):
-                t = time.monotonic()
-                wire = sum(run_rsync(rsite, img[vid], rdir / f"{vid}.img", RSYNC_DELTA)[1] for vid in vids)
-                return time.monotonic() - t, wire
-            measure(res, args.repeat, make_cold=cold, change=change, drsvc=drsvc,
-                    rsync=None if args.no_rsync else rsync)
-            res.extra.update({
-                "units": n, "volume_bytes": size, "worker_concurrency": 1,
-                "syncs_per_s": stats([n / w for w in res.drsvc]),
-                "rsync_runs_per_s": stats([n / w for w in res.rsync]) if res.rsync else None,
-                "per_sync_worker_s": {"median": round(statistics.median(durations), 4),
-                                      "max": round(max(durations), 4), "syncs": len(durations)}})
-            res.verified = all(same_content(img[vid], sb.pool / "images" / f"{vid}.img",
-                                            *([] if args.no_rsync else [rdir / f"{vid}.img"])) for vid in vids)
-
-            # idle_celery: a few KiB changed, one sync at a time, in the warm worker
-            vid = vids[0]
-            blocks = max(1, args.idle_kib // 4)
-            jobs_s = []
-
-            def one(i):
-                from drsvc.replication.state import find_state as fs
-                t = time.monotonic()
-                out = app.AsyncResult(dispatcher.submit("sync", vid, {"trigger": "bench"})).get(
-                    timeout=600, disable_sync_subtasks=False)
-                wall = time.monotonic() - t
-                if not out.get("ok"):
-                    raise RuntimeError(f"idle sync failed: {out}")
-                jobs_s.append(out["duration_s"])
-                return {"wall_s": wall, "report": {"bytes_on_wire": out["bytes_on_wire"],
-                                                   "phases": fs(sa.pool, vid).reports[-1].get("phases", {})}}
-            measure(idle, max(args.idle_syncs, 1), make_cold=lambda: None,
-                    change=lambda i: Run(len(rewrite_blocks(img[vid], 0, rnd, count=blocks)) * 4096),
-                    drsvc=one, rsync=None)
-            idle.extra.update({"worker_job_s": stats(jobs_s), "image_bytes": size, "goal_s": 0.030,
-                               "note": "drsvc_s: enqueue to result through Celery; worker_job_s: the job itself"})
-            idle.verified = same_content(img[vid], sb.pool / "images" / f"{vid}.img")
+            m.measure_many(res, cold, rsite, rdir)
+            m.measure_idle(idle)
         res.rss = idle.rss = {"sender": srss.peak, "receiver": rrss.peak}
     finally:
         lab.teardown()

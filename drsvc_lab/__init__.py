@@ -15,13 +15,14 @@ scans and kills that leave nothing behind. The demo, the tests and the bench use
 """
 from .net import WaitTimeout, free_port, listening, wait_port, wait_until
 from .nodes import NodesLab
-from .pools import backing_file, loop_fs, loops_backing, mount_xfs, mounts_under, unmount_under
+from .pools import backing_file, detach_loops, loop_fs, loops_backing, mount_fs, mount_xfs, mounts_under, unmount_under
 from .procs import alive, kill, leftovers
 from .redis_server import spawn_redis
 from .sites import Lab, LabSite
 from .sshd import PoolSshd, authorized_line, keygen, pool_sshd, receiver_command, start_sshd
 
 __all__ = ["Lab", "LabSite", "NodesLab", "PoolSshd", "WaitTimeout", "alive", "authorized_line", "backing_file",
-           "free_port", "keygen", "kill", "leftovers", "listening", "loop_fs", "loops_backing", "mount_xfs",
+           "detach_loops", "free_port", "keygen", "kill", "leftovers", "listening", "loop_fs", "loops_backing",
+           "mount_fs", "mount_xfs",
            "mounts_under", "pool_sshd", "receiver_command", "spawn_redis", "start_sshd", "unmount_under",
            "wait_port", "wait_until"]

@@ -10,7 +10,7 @@ from drsvc.sitectl import SiteRun, node_components
 
 from .net import free_port
 from .pools import mount_xfs, unmount_under
-from .procs import kill
+from .procs import kill, kill_components
 from .redis_server import spawn_redis
 from .sshd import authorized_line, keygen, kill_sshd, known_hosts_line, start_sshd
 
@@ -161,7 +161,7 @@ class NodesLab:
             if self.config_of(site).exists():
                 try:
                     run = self.run_of(site)
-                    run.down(node_components(run.cfg))
+                    kill_components(run, node_components(run.cfg))
                 except Exception:  # noqa: BLE001 - tear down as much as we can
                     pass
         for p in [*self.procs, *self.redis_procs.values(), *self.sshd_procs.values()]:

@@ -66,16 +66,25 @@ def loops_backing(directory) -> list[str]:
             if (loop.backing_of(f"/dev/{e.name}") or "").startswith(prefix)]
 
 
+def detach_loops(*roots) -> None:
+    """Detach the loop devices backed by files under *roots* (one still mounted goes when
+    it is unmounted: autoclear)."""
+    for r in roots:
+        for dev in loops_backing(r):
+            runner.run(["losetup", "-d", dev], check=False)
+
+
 def unmount_under(*roots) -> None:
-    """Unmount everything strictly below *roots* (deepest first; stacked mounts take
-    several passes; lazily if busy), then detach the loop devices backed from there."""
+    """Unmount everything strictly below *roots* and detach the loop devices backed from
+    there: deepest first, in passes (stacked mounts, and a pool's filesystem that its
+    volumes' loop devices keep busy until they are detached), lazily at last."""
     for _ in range(5):
         targets = mounts_under(*roots)
         if not targets:
             break
         for t in targets:
-            if runner.run(["umount", t], check=False).rc != 0:
-                runner.run(["umount", "-l", t], check=False)
-    for r in roots:
-        for dev in loops_backing(r):
-            runner.run(["losetup", "-d", dev], check=False)
+            runner.run(["umount", t], check=False)
+        detach_loops(*roots)
+    for t in mounts_under(*roots):
+        runner.run(["umount", "-l", t], check=False)
+    detach_loops(*roots)

@@ -61,6 +61,13 @@ def kill_if(pid: int, name: str) -> None:
         kill(pid)
 
 
+def kill_components(run, components) -> None:
+    """SIGKILL a site's components (drsvc.sitectl.SiteRun), last started first: for a lab
+    that is removed, so no graceful stop is owed (a Celery worker's takes seconds)."""
+    for c in reversed(components):
+        run.stop(c, sig=signal.SIGKILL)
+
+
 def stop(proc: subprocess.Popen, timeout: float = 10) -> None:
     """SIGTERM a process we started, SIGKILL if it lingers; reaped either way."""
     if proc.poll() is None:

@@ -14,11 +14,11 @@ from pathlib import Path
 
 from drsvc import store
 from drsvc.config import SiteConfig, load
-from drsvc.sitectl import SiteRun
+from drsvc.sitectl import COMPONENTS, SiteRun
 
 from .net import free_port
 from .pools import mount_xfs, unmount_under
-from .procs import kill, kill_if
+from .procs import kill, kill_components, kill_if
 from .redis_server import spawn_redis
 from .sshd import (authorized_line, keygen, kill_logins, kill_sshd, known_hosts_line, start_sshd,
                    write_authorized)
@@ -192,10 +192,13 @@ class Lab:
             self.sites[n].run.down()
 
     def teardown(self) -> None:
+        """Remove everything: SIGKILL the sites' processes (nothing of them is kept, so no
+        graceful stop is owed; a Celery worker's takes seconds), their redis and sshd, then
+        the mounts and loop devices, then the files."""
         for s in self.sites.values():
             if s.config_path and s.config_path.exists():
                 try:
-                    s.run.down()
+                    kill_components(s.run, COMPONENTS)
                 except Exception:  # noqa: BLE001 - tear down as much as we can
                     pass
             for p in s.procs:
