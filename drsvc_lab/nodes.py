@@ -9,7 +9,7 @@ from drsvc.config import SiteConfig, load
 from drsvc.sitectl import SiteRun, node_components
 
 from .net import free_port
-from .pools import mount_xfs, unmount_under
+from .pools import discard_under, mount_xfs, unmount_under
 from .procs import kill, kill_components
 from .redis_server import spawn_redis
 from .sshd import authorized_line, keygen, kill_sshd, known_hosts_line, start_sshd
@@ -166,5 +166,6 @@ class NodesLab:
                     pass
         for p in [*self.procs, *self.redis_procs.values(), *self.sshd_procs.values()]:
             kill(p.pid)
+        discard_under(self.root)
         unmount_under(self.root)
         shutil.rmtree(self.root, ignore_errors=True)

@@ -17,7 +17,7 @@ from drsvc.config import SiteConfig, load
 from drsvc.sitectl import COMPONENTS, SiteRun
 
 from .net import free_port
-from .pools import mount_xfs, unmount_under
+from .pools import discard_under, mount_xfs, unmount_under
 from .procs import kill, kill_components, kill_if
 from .redis_server import spawn_redis
 from .sshd import (authorized_line, keygen, kill_logins, kill_sshd, known_hosts_line, start_sshd,
@@ -206,6 +206,6 @@ class Lab:
             # a lab found again from its record (another process started these)
             kill_if(s.redis_pid, "redis-server")
             kill_if(s.sshd_pid, "sshd")
-            unmount_under(s.root)
-        unmount_under(self.root)          # what a test staged beside the sites
+        discard_under(self.root)
+        unmount_under(self.root)          # the pools, and what a test staged beside the sites
         shutil.rmtree(self.root, ignore_errors=True)
