@@ -154,12 +154,24 @@ def test_secrets_required_when_configured(lab):
     assert "tok-4c1d9e" not in logs
 
 
+def _talks_to(pid: int, port: int) -> bool:
+    """Whether process *pid* holds a TCP connection to 127.0.0.1:*port*."""
+    try:
+        inodes = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        lines = Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]
+    except OSError:
+        return False
+    return any(f.split()[2] == f"0100007F:{port:04X}" and f"socket:[{f.split()[9]}]" in inodes for f in lines)
+
+
 def test_one_scheduler_acts(lab):
     sa = lab.sites["a"]
     second = subprocess.Popen([sys.executable, "-m", "workers.scheduler", "--config", str(sa.config_path)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        time.sleep(4)
+        # the second is up and has asked Redis for the lease, which the first holds
+        wait_for(lambda: _talks_to(second.pid, sa.redis_port), 30, interval=0.1,
+                 what="the second scheduler to reach Redis")
         first_log = sa.run.log_file("scheduler").read_text()
         assert "is leader" in first_log
         # the first holds the lease; kill it and the second takes over within the lease
