@@ -62,3 +62,4 @@ def _as_fast(item, fast: bool):
     finally:
         if fast:
             _fast_now.clear()
+
