@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from drsvc.lab import Lab
+from drsvc_lab import Lab
 from drsvc.replication.state import find_state
 from tests.dr.helpers import journaled, wait_for, write_random
 from tests.fixtures.sites import need_lab, started

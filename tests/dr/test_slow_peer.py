@@ -16,9 +16,9 @@ import pytest
 import redis
 
 from drsvc.config import load
-from drsvc.lab import Lab
 from drsvc.replication.control import find_control
 from drsvc.replication.state import find_state
+from drsvc_lab import Lab
 from tests.dr.helpers import wait_for, write_random
 from tests.fixtures.sites import need_lab, started
 from workers import slots

@@ -28,7 +28,7 @@ import redis
 
 from drsvc import runner
 from drsvc.config import parse
-from drsvc.lab import free_port, wait_port
+from drsvc_lab import free_port, wait_port
 from drsvc.replication import sync_unit
 from drsvc.transport.bandwidth import TokenBucket
 from drsvc.transport.local import LocalPeer

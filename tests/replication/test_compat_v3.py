@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ from drsvc.replication import sync_unit
 from drsvc.replication.state import get_state
 from drsvc.replication.takeover import seed_base
 from drsvc.transport import LinkHints
-from tests.fixtures.sshd import receiver_command, sshd_site
+from tests.fixtures.sshd import sshd_site
 
 from .conftest import make_image, new_sites, sha, write_at
 
@@ -78,8 +77,7 @@ def test_a_v3_peer_syncs_and_fails_over_both_ways(xfs_mod, v3_tree):
     a, b = new_sites(xfs_mod)
     img_a, img_b = a / "images" / "v.img", b / "images" / "v.img"
     make_image(img_a, 32 * MiB, [(0, os.urandom(8 * MiB))])
-    old_receiver = "env PYTHONPATH=" + shlex.quote(str(v3_tree)) + " " + receiver_command(b)
-    with sshd_site(b, command=old_receiver) as sb, sshd_site(a) as sa:
+    with sshd_site(b, receiver_env={"PYTHONPATH": str(v3_tree)}) as sb, sshd_site(a) as sa:
         # new sender -> old receiver: protocol 3, one channel even when stripes are asked for
         r = sync_unit(a, "v", ["v"], sb.peer(), link=LinkHints(stripes=4))
         assert r.stripes == 1 and sha(img_a) == sha(img_b)

@@ -10,6 +10,8 @@ from drsvc.errors import (BaseMismatch, RemoteError, StreamCorrupt, UnknownVerb,
                           UnsupportedVersion)
 from drsvc.replication import protocol as p
 
+pytestmark = pytest.mark.fast     # no root, no lab: tests/conftest.py keeps it so
+
 
 def reader_of(data: bytes) -> p.FrameReader:
     return p.FrameReader(io.BytesIO(data).read)
