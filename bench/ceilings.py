@@ -26,8 +26,9 @@ from pathlib import Path
 
 from drsvc import runner
 
-from .harness import MiB, rsync_ssh
+from .site import rsync_ssh
 
+MiB = 1 << 20
 CHANNEL_BYTES = 512 * MiB
 # The peer side: widen its stdin pipe as the receiver does, count and discard.
 SINK = ("import fcntl, os\n"

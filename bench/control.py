@@ -1,6 +1,6 @@
 """Control latency while many units sync: `python -m bench.control --json` (issue 13).
 
-A two-site lab (drsvc.lab: loop-mounted XFS pools, redis-server, sshd with the forced
+A two-site lab (drsvc_lab: loop-mounted XFS pools, redis-server, sshd with the forced
 receiver and pinned host keys), each site with its plugin, data worker (concurrency 2),
 control worker and scheduler, started as `drsvc site up` starts them. --units volumes are
 enabled at site a on --interval schedules, so the data worker is saturated (syncs of a few
@@ -27,6 +27,15 @@ import threading
 import time
 from pathlib import Path
 
+from drsvc.errors import OperationInProgress
+from drsvc.model import MOUNT, Capability
+from drsvc.replication.control import find_control
+from drsvc.replication.state import find_state
+from drsvc.site import Site
+from drsvc_lab import Lab
+from workers.app import make_app
+from workers.client import CeleryDispatcher
+
 MiB = 1 << 20
 
 
@@ -43,7 +52,6 @@ def summary(xs) -> dict:
 
 def timed_retry(fn, *, deadline_s: float) -> float:
     """Call *fn* until it stops answering OperationInProgress (ABORTED); the wall time."""
-    from drsvc.errors import OperationInProgress
     t = time.monotonic()
     while True:
         try:
@@ -56,100 +64,109 @@ def timed_retry(fn, *, deadline_s: float) -> float:
 
 
 def _syncs_total(pool, vids) -> int:
-    from drsvc.replication.control import find_control
     return sum(c.syncs_total for v in vids if (c := find_control(pool, v)) is not None)
 
 
 def _delays(pool, vids) -> list[float]:
-    from drsvc.replication.control import find_control
     return [c.last_sync_delay for v in vids if (c := find_control(pool, v)) is not None and c.last_sync_delay]
 
 
-def run(args) -> dict:
-    from drsvc.lab import Lab
-    from drsvc.model import MOUNT, Capability
-    from drsvc.replication.state import find_state
-    from drsvc.site import Site
-    from workers.app import make_app
-    from workers.client import CeleryDispatcher
+class OneQueue(CeleryDispatcher):
+    """The contrast: every operation on the data queue, as before the control queue."""
+    def queue(self, op: str) -> str:
+        return self.cfg.queue
 
-    rnd = random.Random(args.seed)
-    root = Path(tempfile.mkdtemp(prefix="drsvc-bench-control-"))
-    lab = Lab(root, pool_size="40G", visibility_timeout=600)
-    out: dict = {"units": args.units, "interval_s": args.interval, "volume_mib": args.mib, "phases_s": {}}
-    stop = threading.Event()
-    try:
-        lab.build()
-        lab.up()
-        sa, sb = lab.sites["a"], lab.sites["b"]
-        class OneQueue(CeleryDispatcher):
-            """The contrast: every operation on the data queue, as before the control queue."""
-            def queue(self, op: str) -> str:
-                return self.cfg.queue
 
-        def open_sites(dispatcher):
-            return [Site.from_config(s.cfg, dispatcher=dispatcher(make_app(s.cfg)), rpc_wait=600) for s in (sa, sb)]
-        A, B = open_sites(CeleryDispatcher)
-        caps = [Capability(MOUNT, "SINGLE_NODE_WRITER")]
+class ControlBench:
+    """The bench on a built and running lab: site services through a dispatcher, the
+    volumes, a writer that keeps changing them, and the timed failovers."""
 
-        def new_volume(name):
-            v = A.volumes.create_volume(name, required_bytes=args.mib * MiB, capabilities=caps)
-            with open(A.pool.image(v.volume_id), "r+b") as f:       # a little data: 1% of the blocks
-                for _ in range(max(1, args.mib * MiB // 4096 // 100)):
-                    f.seek(rnd.randrange(args.mib * MiB // 4096) * 4096)
-                    f.write(rnd.randbytes(4096))
-            return v.volume_id
+    def __init__(self, args, lab: Lab, out: dict):
+        self.args, self.lab, self.out = args, lab, out
+        self.rnd = random.Random(args.seed)
+        self.sa, self.sb = lab.sites["a"], lab.sites["b"]
+        self.A, self.B = self.open_sites(CeleryDispatcher)
+        self.vids: list[str] = []
+        self.stop = threading.Event()
 
-        def enable(vid):
-            A.replication.requests.enable(A.status.resolve("volume", vid),
-                                          {"schedulingInterval": f"{args.interval}s"})
+    def open_sites(self, dispatcher):
+        return [Site.from_config(s.cfg, dispatcher=dispatcher(make_app(s.cfg)), rpc_wait=600)
+                for s in (self.sa, self.sb)]
 
+    def new_volume(self, name: str) -> str:
+        mib, rnd = self.args.mib, self.rnd
+        v = self.A.volumes.create_volume(name, required_bytes=mib * MiB,
+                                         capabilities=[Capability(MOUNT, "SINGLE_NODE_WRITER")])
+        with open(self.A.pool.image(v.volume_id), "r+b") as f:       # a little data: 1% of the blocks
+            for _ in range(max(1, mib * MiB // 4096 // 100)):
+                f.seek(rnd.randrange(mib * MiB // 4096) * 4096)
+                f.write(rnd.randbytes(4096))
+        return v.volume_id
+
+    def create_and_enable(self) -> None:
+        A, t = self.A, time.monotonic()
+        self.vids = [self.new_volume(f"ctl-{i:04}") for i in range(self.args.units)]
+        interval = {"schedulingInterval": f"{self.args.interval}s"}
+        enable_s = [timed_retry(lambda v=vid: A.replication.requests.enable(A.status.resolve("volume", v), interval),
+                                deadline_s=600) for vid in self.vids]
+        self.out["phases_s"]["create_and_enable"] = round(time.monotonic() - t, 2)
+        self.out["enable_s"] = summary(enable_s)
+
+    def writer(self) -> None:
+        """A live site: a few blocks change somewhere all the time."""
+        while not self.stop.is_set():
+            vid = self.rnd.choice(self.vids)
+            try:
+                with open(self.A.pool.image(vid), "r+b") as f:
+                    f.seek(self.rnd.randrange(self.args.mib * MiB // 4096) * 4096)
+                    f.write(self.rnd.randbytes(4096))
+            except OSError:
+                pass
+            self.stop.wait(0.05)
+
+    def failovers(self, units, label, A, B) -> dict:
+        demote, promote = [], []
         t = time.monotonic()
-        vids = [new_volume(f"ctl-{i:04}") for i in range(args.units)]
-        enable_s = [timed_retry(lambda v=vid: enable(v), deadline_s=600) for vid in vids]
-        out["phases_s"]["create_and_enable"] = round(time.monotonic() - t, 2)
-        out["enable_s"] = summary(enable_s)
+        for vid in units:
+            demote.append(timed_retry(lambda v=vid: A.replication.requests.demote(
+                A.status.resolve("volume", v), force=False), deadline_s=self.args.deadline))
+            promote.append(timed_retry(lambda v=vid: B.replication.requests.promote(
+                B.status.resolve("volume", v), force=False), deadline_s=self.args.deadline))
+            assert find_state(self.sb.pool, vid).role == "primary", vid
+        self.out["phases_s"][label] = round(time.monotonic() - t, 2)
+        return {"demote_s": summary(demote), "promote_s": summary(promote)}
 
-        def writer():            # a live site: a few blocks change somewhere all the time
-            while not stop.is_set():
-                vid = rnd.choice(vids)
-                try:
-                    with open(A.pool.image(vid), "r+b") as f:
-                        f.seek(rnd.randrange(args.mib * MiB // 4096) * 4096)
-                        f.write(rnd.randbytes(4096))
-                except OSError:
-                    pass
-                stop.wait(0.05)
-        threading.Thread(target=writer, daemon=True).start()
-
+    def measure(self) -> None:
+        args, out, sa, vids = self.args, self.out, self.sa, self.vids
+        threading.Thread(target=self.writer, daemon=True).start()
         t = time.monotonic()
         time.sleep(args.warmup)
         out["phases_s"]["warmup"] = round(time.monotonic() - t, 2)
-        synced = sum(1 for v in vids if (st := find_state(sb.pool, v)) is not None and st.generation >= 1)
-
-        def failovers(units, label, A, B):
-            demote, promote = [], []
-            t = time.monotonic()
-            for vid in units:
-                demote.append(timed_retry(lambda v=vid: A.replication.requests.demote(
-                    A.status.resolve("volume", v), force=False), deadline_s=args.deadline))
-                promote.append(timed_retry(lambda v=vid: B.replication.requests.promote(
-                    B.status.resolve("volume", v), force=False), deadline_s=args.deadline))
-                assert find_state(sb.pool, vid).role == "primary", vid
-            out["phases_s"][label] = round(time.monotonic() - t, 2)
-            return {"demote_s": summary(demote), "promote_s": summary(promote)}
-
-        picks = rnd.sample(vids, args.failovers + args.contrast)
+        synced = sum(1 for v in vids if (st := find_state(self.sb.pool, v)) is not None and st.generation >= 1)
+        picks = self.rnd.sample(vids, args.failovers + args.contrast)
         s0, t0 = _syncs_total(sa.pool, vids), time.monotonic()
-        out["with_control_worker"] = failovers(picks[:args.failovers], "failovers", A, B)
+        out["with_control_worker"] = self.failovers(picks[:args.failovers], "failovers", self.A, self.B)
         out["syncs_per_s"] = round((_syncs_total(sa.pool, vids) - s0) / (time.monotonic() - t0), 2)
         out["schedule_delay_s"] = summary(_delays(sa.pool, vids))
         out["units_synced_before_failovers"] = synced
         if args.contrast:
-            out["one_queue"] = failovers(picks[args.failovers:], "contrast", *open_sites(OneQueue))
-        stop.set()
+            out["one_queue"] = self.failovers(picks[args.failovers:], "contrast", *self.open_sites(OneQueue))
+
+
+def run(args) -> dict:
+    root = Path(tempfile.mkdtemp(prefix="drsvc-bench-control-"))
+    lab = Lab(root, pool_size="40G", visibility_timeout=600)
+    out: dict = {"units": args.units, "interval_s": args.interval, "volume_mib": args.mib, "phases_s": {}}
+    bench = None
+    try:
+        lab.build()
+        lab.up()
+        bench = ControlBench(args, lab, out)
+        bench.create_and_enable()
+        bench.measure()
     finally:
-        stop.set()
+        if bench is not None:
+            bench.stop.set()
         lab.teardown()
     return out
 

@@ -38,6 +38,7 @@ import grpc
 
 from csi_plugin.gen import csi_pb2, csi_pb2_grpc
 from drsvc.host.reflink import supports_reflink
+from drsvc_lab import mount_fs, unmount_under
 
 MiB, GiB = 1 << 20, 1 << 30
 REPO = Path(__file__).resolve().parents[1]
@@ -140,10 +141,7 @@ class Bench:
 
     # -- setup / teardown ---------------------------------------------------------
     def setup(self) -> None:
-        self.mnt.mkdir()
-        subprocess.run(["truncate", "-s", "40G", str(self.img)], check=True)
-        subprocess.run(["mkfs.xfs", "-q", "-m", "reflink=1", str(self.img)], check=True, capture_output=True)
-        subprocess.run(["mount", "-o", "loop", str(self.img), str(self.mnt)], check=True)
+        mount_fs(self.img, self.mnt, "40G")
         self.mounted = True
         env = dict(os.environ, PYTHONPATH=str(REPO))
         self.log = open(self.work / "plugin.log", "ab")  # noqa: SIM115 - the plugin writes it until stop()
@@ -167,19 +165,7 @@ class Bench:
             self.channel.close()
         stop(self.proc)
         if self.mounted:
-            # volumes the run left staged, then their loops, then the pool itself
-            for line in Path("/proc/self/mountinfo").read_text().splitlines():
-                target = line.split()[4]
-                if target.startswith(str(self.work) + "/") and target != str(self.mnt):
-                    subprocess.run(["umount", "-l", target], capture_output=True)
-            for entry in Path("/sys/block").glob("loop*"):
-                try:
-                    backing = (entry / "loop" / "backing_file").read_text().strip()
-                except OSError:
-                    continue
-                if backing.startswith(str(self.pool) + "/"):
-                    subprocess.run(["losetup", "-d", f"/dev/{entry.name}"], capture_output=True)
-            subprocess.run(["umount", str(self.mnt)], capture_output=True)
+            unmount_under(self.work)    # volumes the run left staged, their loops, the pool itself
         shutil.rmtree(self.work, ignore_errors=True)
 
     # -- operations -----------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Case `failover`: a planned failover with unsynced data, timed over gRPC as a CO calls it.
 
-A two-site lab of its own (drsvc.lab) with every component up at both sites (plugin,
+A two-site lab of its own (drsvc_lab) with every component up at both sites (plugin,
 data and control workers, scheduler), as `drsvc site up` starts them. --repeat block
 volumes of --failover-volume-mib MiB are made at a over gRPC, filled with random data
 and enabled (schedulingInterval 1h: no scheduled sync interferes); the initial syncs
@@ -120,7 +120,7 @@ def _failovers(args, rnd, lab, A: Calls, B: Calls, res: CaseResult) -> None:
 
 
 def failover_case(args, rnd) -> CaseResult:
-    from drsvc.lab import Lab
+    from drsvc_lab import Lab
     res = CaseResult("failover", False)     # the data was just written: no cold floor
     lab = Lab(Path(tempfile.mkdtemp(prefix="drsvc-bench-failover-")), visibility_timeout=600)
     calls: list[Calls] = []

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from drsvc import runner
 
+from .site import rsync_ssh
 from .texts import channel_text, extents_text, link_text, wan_ceilings_text
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -72,12 +73,6 @@ def extent_count(path: Path) -> int:
     out = runner.run(["filefrag", path]).stdout
     m = re.search(r"(\d+) extents? found", out)
     return int(m.group(1)) if m else -1
-
-
-def rsync_ssh(site) -> str:
-    return (f"ssh -c aes128-gcm@openssh.com -p {site.port} -i {site.plain_key} "
-            f"-o UserKnownHostsFile={site.known_hosts} -o StrictHostKeyChecking=yes "
-            f"-o BatchMode=yes -o IdentitiesOnly=yes")
 
 
 def run_rsync(site, src: Path, dest: Path, flags) -> tuple[float, int]:

@@ -1,6 +1,6 @@
 """Cases `many` and `idle_celery`: syncs through the real Celery path, by ONE worker process.
 
-A two-site lab of its own (drsvc.lab: pools on loop XFS, redis-server, sshd
+A two-site lab of its own (drsvc_lab: pools on loop XFS, redis-server, sshd
 with the forced receiver and pinned host keys, site configs) and one Celery
 worker (`drsvc worker --concurrency 1`, the argv `drsvc site up` uses). Volumes
 are made by the site's volume service: one of --many-mib MiB filled with random
@@ -52,7 +52,7 @@ class OneWorker:
         self.proc = None
 
     def __enter__(self):
-        argv = [sys.executable, "-c", "import sys; from workers.tasks import worker_main; sys.exit(worker_main())",
+        argv = [sys.executable, "-c", "import sys; from workers.main import worker_main; sys.exit(worker_main())",
                 "--config", self.cfg.path, "--hostname", f"bench-{self.cfg.site}@%h", "--concurrency", "1",
                 "--loglevel", "WARNING"]
         env = dict(os.environ, DRSVC_CONFIG=str(self.cfg.path), PYTHONUNBUFFERED="1")
@@ -214,7 +214,7 @@ def reached(args, lab, rsite):
 
 
 def many_case(args, rnd) -> list[CaseResult]:
-    from drsvc.lab import Lab
+    from drsvc_lab import Lab
 
     from .site import Cold, sshd_site
     n, size = args.many_count, args.many_mib * MiB

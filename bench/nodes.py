@@ -26,7 +26,7 @@ import grpc
 
 from bench.csi_ops import Bench, Driver, ms, pct
 from csi_plugin.gen import csi_pb2
-from drsvc.lab import NodesLab
+from drsvc_lab import NodesLab
 
 MiB = 1 << 20
 NODE = "topology.drsvc.io/node"

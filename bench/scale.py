@@ -3,7 +3,7 @@
     python -m bench.scale [--volumes 600] [--mib 64] [--interval 60] [--warmup 90]
                           [--duration 300] [--growth 150,300,600] [--faults] [--json]
 
-Two sites of three storage nodes (drsvc.lab.NodesLab: per node a loop XFS pool, an sshd
+Two sites of three storage nodes (drsvc_lab.NodesLab: per node a loop XFS pool, an sshd
 on 127.0.<site>.<node>, a data worker, an api worker, a scheduler; per site a Redis and
 the controller). --volumes volumes of --mib MiB are created through site a's controller
 (CreateVolume over the unix socket, placed on the nodes by the controller, each create a
@@ -153,7 +153,7 @@ def redis_calls(port: int) -> int:
 # -- the bench -------------------------------------------------------------------------
 class Scale:
     def __init__(self, args):
-        from drsvc.lab import NodesLab
+        from drsvc_lab import NodesLab
         self.args = args
         self.rnd = random.Random(args.seed)
         self.root = Path(tempfile.mkdtemp(prefix="drsvc-bench-scale-"))
@@ -320,41 +320,42 @@ class Scale:
         return out
 
     # -- one measured window -----------------------------------------------------------
+    def _counters(self) -> dict:
+        """CPU and memory per process type (per site and in all), Redis calls, log offsets."""
+        return {"a": usage(self.lab, ["a"]), "b": usage(self.lab, ["b"]), "all": usage(self.lab),
+                "redis_a": redis_calls(self.lab.redis_ports["a"]), "redis_b": redis_calls(self.lab.redis_ports["b"]),
+                "logs": self.log_offsets()}
+
+    def _sample(self, halt: threading.Event, seen: dict) -> None:
+        """Until *halt*: each unit's lag and health, and each process type's peak RSS."""
+        while not halt.is_set():
+            for vid in list(self.vols):
+                try:
+                    info = self.describe(vid)
+                except Exception:  # noqa: BLE001 - a unit being written: next sample
+                    continue
+                seen["lag"].append(info.lag_seconds)
+                if not self.healthy(info):
+                    seen["always_ok"].discard(vid)
+            for t, u in usage(self.lab).items():
+                seen["rss_peak"][t] = max(seen["rss_peak"][t], u["rss_kb"])
+            halt.wait(self.args.sample_every)
+
     def measure(self, duration: float) -> dict:
-        a = self.args
-        lag_samples: list[float] = []
-        always_ok = set(self.vols)
-        rss_peak = {t: 0 for t in TYPES}
+        seen = {"lag": [], "always_ok": set(self.vols), "rss_peak": {t: 0 for t in TYPES}}
         halt = threading.Event()
-
-        def sampler():
-            while not halt.is_set():
-                for vid in list(self.vols):
-                    try:
-                        info = self.describe(vid)
-                    except Exception:  # noqa: BLE001 - a unit being written: next sample
-                        continue
-                    lag_samples.append(info.lag_seconds)
-                    if not self.healthy(info):
-                        always_ok.discard(vid)
-                for t, u in usage(self.lab).items():
-                    rss_peak[t] = max(rss_peak[t], u["rss_kb"])
-                halt.wait(a.sample_every)
-
-        ua0, ub0 = usage(self.lab, ["a"]), usage(self.lab, ["b"])
-        u0, r0, ra0, offs = usage(self.lab), redis_calls(self.lab.redis_ports["a"]), \
-            redis_calls(self.lab.redis_ports["b"]), self.log_offsets()
-        load0 = os.getloadavg()
-        t0 = time.time()
-        th = threading.Thread(target=sampler, daemon=True)
+        c0, load0, t0 = self._counters(), os.getloadavg(), time.time()
+        th = threading.Thread(target=self._sample, args=(halt, seen), daemon=True)
         th.start()
         time.sleep(duration)
         t1 = time.time()
-        ua1, ub1 = usage(self.lab, ["a"]), usage(self.lab, ["b"])
-        u1, r1, rb1, offs1 = usage(self.lab), redis_calls(self.lab.redis_ports["a"]), \
-            redis_calls(self.lab.redis_ports["b"]), self.log_offsets()
+        c1 = self._counters()
         halt.set()
         th.join()
+        return self._window(c0, c1, t0, t1, load0, seen)
+
+    def _window(self, c0: dict, c1: dict, t0: float, t1: float, load0, seen: dict) -> dict:
+        """The figures of one measured window, from the counters at its two ends."""
         reps = [r for vid in self.vols for r in self.reports(vid) if t0 <= r["started_at"] <= t1]
         syncs = len(reps)
         phases: dict[str, list] = {}
@@ -362,29 +363,29 @@ class Scale:
             for k, v in (r.get("phases") or {}).items():
                 if isinstance(v, (int, float)):
                     phases.setdefault(k, []).append(v)
-        delays = self.delays_since(offs, offs1)
         window = t1 - t0
+        redis_a = c1["redis_a"] - c0["redis_a"]
+
+        def cpu(part: str, per: float = 1.0, nd: int = 1) -> dict:
+            return {t: round((c1[part][t]["cpu"] - c0[part][t]["cpu"]) / CLK / per, nd) for t in TYPES}
         return {
             "volumes": len(self.vols), "window_s": round(window, 1),
             "load_avg_before": [round(x, 2) for x in load0], "load_avg_after": [round(x, 2) for x in os.getloadavg()],
             "syncs": syncs, "syncs_per_s": round(syncs / window, 3),
-            "expected_syncs_per_s": round(len(self.vols) / a.interval, 3),
+            "expected_syncs_per_s": round(len(self.vols) / self.args.interval, 3),
             "sync_s": summary([r["duration_s"] for r in reps]),
             "bytes_on_wire_p50": pct([r["bytes_on_wire"] for r in reps], 50),
             "phase_p50_s": {k: round(statistics.median(v), 4) for k, v in sorted(phases.items())},
-            "drift_s": summary(delays),
-            "lag_s": summary(lag_samples),
-            "units_healthy_all_window": len(always_ok),
-            "redis_a_calls": r1 - r0, "redis_b_calls": rb1 - ra0,
-            "redis_cmds_per_sync": round((r1 - r0) / syncs, 1) if syncs else None,
-            "cpu_s": {t: round((u1[t]["cpu"] - u0[t]["cpu"]) / CLK, 1) for t in TYPES},
-            "cpu_s_site_a": {t: round((ua1[t]["cpu"] - ua0[t]["cpu"]) / CLK, 1) for t in TYPES},
-            "cpu_s_site_b": {t: round((ub1[t]["cpu"] - ub0[t]["cpu"]) / CLK, 1) for t in TYPES},
-            "cpu_s_per_sync": {t: round((u1[t]["cpu"] - u0[t]["cpu"]) / CLK / syncs, 4) if syncs else None
-                               for t in TYPES},
-            "rss_peak_mib": {t: round(rss_peak[t] / 1024, 1) for t in TYPES},
-            "hwm_largest_mib": {t: round(u1[t]["hwm_kb"] / 1024, 1) for t in TYPES},
-            "procs": {t: u1[t]["procs"] for t in TYPES},
+            "drift_s": summary(self.delays_since(c0["logs"], c1["logs"])),
+            "lag_s": summary(seen["lag"]),
+            "units_healthy_all_window": len(seen["always_ok"]),
+            "redis_a_calls": redis_a, "redis_b_calls": c1["redis_b"] - c0["redis_b"],
+            "redis_cmds_per_sync": round(redis_a / syncs, 1) if syncs else None,
+            "cpu_s": cpu("all"), "cpu_s_site_a": cpu("a"), "cpu_s_site_b": cpu("b"),
+            "cpu_s_per_sync": cpu("all", syncs, 4) if syncs else {t: None for t in TYPES},
+            "rss_peak_mib": {t: round(seen["rss_peak"][t] / 1024, 1) for t in TYPES},
+            "hwm_largest_mib": {t: round(c1["all"][t]["hwm_kb"] / 1024, 1) for t in TYPES},
+            "procs": {t: c1["all"][t]["procs"] for t in TYPES},
         }
 
     # -- faults --------------------------------------------------------------------------

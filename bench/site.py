@@ -1,104 +1,39 @@
-"""Bench-local lab helpers: a loop-mounted XFS and a loopback sshd.
+"""Bench-local helpers over drsvc_lab: a loop-mounted XFS, a loopback sshd for a pool,
+and cold caches.
 
-Self-contained (bench/ does not import tests/): processes go through
-drsvc.runner. The sshd binds the replication key to our receiver (forced
-command) and, for rsync, adds an unrestricted key; both use
-``environment="SHLVL=1"`` so bash skips root's ~/.bashrc (~0.15 s a start).
+bench/ does not import tests/: the lab parts come from drsvc_lab (processes through
+drsvc.runner). The sshd binds the replication key to our receiver (forced command) and,
+for rsync, adds an unrestricted key; both use ``environment="SHLVL=1"`` so bash skips
+root's ~/.bashrc (~0.15 s a start).
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
-import shlex
-import shutil
 import stat
-import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from drsvc import runner
-from drsvc.lab import free_port, wait_port
+from drsvc_lab import backing_file, loop_fs, pool_sshd
 
-SSHD = "/usr/sbin/sshd"
+__all__ = ["Cold", "backing_file", "drop_file_cache", "loop_mounted_xfs", "rsync_ssh", "sshd_site"]
 
 
-@contextlib.contextmanager
 def loop_mounted_xfs(size: str = "40G"):
-    """Yield the mountpoint of a fresh sparse XFS (reflink on) on a loop device."""
-    work = Path(tempfile.mkdtemp(prefix="drsvc-bench-xfs-"))
-    img, mnt = work / "fs.img", work / "mnt"
-    mnt.mkdir()
-    try:
-        runner.run(["truncate", "-s", size, img])
-        runner.run(["mkfs.xfs", "-q", "-m", "reflink=1", img])
-        runner.run(["mount", "-o", "loop", img, mnt])
-        try:
-            yield mnt
-        finally:
-            runner.run(["umount", "-l", mnt], check=False)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    """A context manager: the mountpoint of a fresh sparse XFS (reflink on) on a loop device."""
+    return loop_fs(size, prefix="drsvc-bench-xfs-")
 
 
-def _keygen(path: Path) -> str:
-    runner.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", path.name, "-f", path])
-    return Path(str(path) + ".pub").read_text().strip()
-
-
-@dataclass
-class BenchSite:
-    pool: Path
-    dir: Path
-    port: int
-    client_key: Path
-    known_hosts: Path
-    plain_key: Path
-
-
-@contextlib.contextmanager
 def sshd_site(pool: Path):
-    """A loopback sshd for *pool*: replication key (forced receiver) + a plain key."""
-    Path("/run/sshd").mkdir(exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="drsvc-bench-sshd-"))
-    proc = None
-    try:
-        host_pub = _keygen(work / "host_ed25519")
-        repl_pub = _keygen(work / "repl_ed25519")
-        plain_pub = _keygen(work / "plain_ed25519")
-        cmd = shlex.join([sys.executable, "-m", "drsvc.replication.receiver", "--pool", str(pool)])
-        (work / "authorized_keys").write_text(
-            f'command="{cmd}",restrict,environment="SHLVL=1" {repl_pub}\n'
-            f'environment="SHLVL=1" {plain_pub}\n')
-        port = free_port()
-        (work / "known_hosts").write_text(f"[127.0.0.1]:{port} {host_pub}\n")
-        (work / "sshd_config").write_text("\n".join([
-            f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {work / 'host_ed25519'}",
-            f"PidFile {work / 'sshd.pid'}", f"AuthorizedKeysFile {work / 'authorized_keys'}",
-            "PermitRootLogin prohibit-password", "PubkeyAuthentication yes",
-            "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no",
-            "StrictModes no", "PermitUserEnvironment SHLVL", "X11Forwarding no",
-            "MaxStartups 200", "MaxSessions 100", "LogLevel ERROR", ""]))
-        with open(os.devnull, "wb") as devnull:   # sshd -e logs each probe of wait_port
-            proc = runner.spawn([SSHD, "-D", "-e", "-f", work / "sshd_config"], stderr=devnull)
-        wait_port(port)
-        yield BenchSite(Path(pool), work, port, work / "repl_ed25519", work / "known_hosts",
-                        work / "plain_ed25519")
-    finally:
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except Exception:
-                proc.kill()
-                proc.wait()
-        shutil.rmtree(work, ignore_errors=True)
+    """A context manager: a loopback sshd for *pool*, replication key (forced receiver) + a plain key."""
+    return pool_sshd(pool, plain_key=True)
 
 
-def backing_file(mnt: Path) -> Path:
-    """The loop device's backing file of a filesystem made by loop_mounted_xfs."""
-    return Path(mnt).parent / "fs.img"
+def rsync_ssh(site) -> str:
+    """The ssh command rsync runs (-e) to reach the bench's sshd with its plain key."""
+    return (f"ssh -c aes128-gcm@openssh.com -p {site.port} -i {site.plain_key} "
+            f"-o UserKnownHostsFile={site.known_hosts} -o StrictHostKeyChecking=yes "
+            f"-o BatchMode=yes -o IdentitiesOnly=yes")
 
 
 def _syncfs(path: Path) -> None:

@@ -5,7 +5,7 @@
   the ports to dial instead.
 * :func:`through` gives a bench site reached through such a port: the same keys,
   a known_hosts pinning the same host key at the new port. :func:`route_lab_peer`
-  does the same to a drsvc.lab site's config (its [peers.X] port and known_hosts).
+  does the same to a drsvc_lab site's config (its [peers.X] port and known_hosts).
 * :func:`add_floors`: a case's floor over the link, wire bytes / rate + 1 RTT per
   run (wire bytes as drsvc's report counts them), the data floor (changed / rate +
   RTT), and the ratios of drsvc's and rsync's medians to the floor.
@@ -84,7 +84,7 @@ def through(site, port: int):
 
 
 def route_lab_peer(site, peer: str, old_port: int, new_port: int) -> None:
-    """Make a drsvc.lab site dial its peer *peer* at *new_port*: the [peers.<peer>] port
+    """Make a drsvc_lab site dial its peer *peer* at *new_port*: the [peers.<peer>] port
     of its config and the port its known_hosts pins the peer's host key at."""
     cfg = Path(site.config_path)
     text = cfg.read_text()

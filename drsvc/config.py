@@ -11,6 +11,7 @@ Example::
     secrets_file = "/etc/drsvc/rpc-secret"              # optional: require secrets.token
     retention = "1x1h(keep=all) | 24x1h | 14x1d | 8x1w"  # recovery points kept at the peer (zrepl grid)
     visibility_timeout = 300                            # redeliver a dead worker's task after this
+    bwlimit = "200mbit"                                 # all syncs of the site together (0: no cap)
 
     [peers.b]
     host = "10.0.0.2"
@@ -21,6 +22,12 @@ Example::
     # transport = "ssh"                                  # default; "local": pool = "/path" on this host
     # max_syncs = 1                                      # syncs to this peer at once (default: with
     #                                                    # several peers, all but one worker process)
+    # bwlimit = "50mbit"                                 # syncs to this peer together, under the site's
+    # link_rate = "1gbit"                                # the path's rate (bytes/s, or "100mbit", "1gbit")
+    # connections = 2                                    # SSH connections a large sync's stripes spread over
+    # max_stripes = 8                                    # channels one sync may take (1: never stripe)
+    # window = 2097152                                   # the peer sshd's channel window (HPN-SSH: larger)
+    # stripes = 0                                        # fix the channels of every sync (0: from RTT and rate)
 
 A site of several storage nodes lists them; each node's plugin and worker run with
 ``--node NAME`` (or ``DRSVC_NODE``) and use that node's pool, and the site's controller
@@ -47,6 +54,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import re
 import tomllib
 from urllib.parse import quote, urlsplit, urlunsplit
 from dataclasses import dataclass, field, replace
@@ -77,7 +85,13 @@ class PeerConfig:
     transport: str = "ssh"
     pool: Path | None = None      # transport "local": the peer's pool on this host
     max_syncs: int = 0            # syncs to this peer at once, site-wide (0: the default rule)
+    bwlimit: int = 0              # bytes per second for all syncs to this peer together (0: no cap)
     nodes: dict = field(default_factory=dict)   # a multi-node peer: node -> (host, port) of its sshd
+    link_rate: float = 0.0        # bytes/s of the path (0: unknown); sizes a large sync's stripes
+    connections: int = 2          # SSH connections the stripes of one sync spread over
+    max_stripes: int = 8          # channels one sync may take
+    window: int = 2 << 20         # the peer sshd's channel window
+    stripes: int = 0              # channels of every sync, fixed (0: from the measured RTT and the rate)
 
     def at_node(self, node: str, where: str) -> PeerConfig:
         """This peer as one node of ours reaches it: the sshd of the peer node that holds
@@ -134,6 +148,7 @@ class SiteConfig:
     nodes: dict = field(default_factory=dict)   # name -> NodeConfig (empty: a one-node site)
     node_call_timeout: float = 30.0   # the controller's wait for one node's answer
     retention: str = ""     # recovery points kept at the peer (a zrepl grid); "": drsvc.retention.DEFAULT_GRID
+    bwlimit: int = 0        # bytes per second for all syncs of the site together (0: no cap)
 
     @property
     def multinode(self) -> bool:
@@ -208,6 +223,15 @@ class SiteConfig:
             return p.max_syncs
         return max(1, concurrency - 1) if len(self.peers) > 1 else 0
 
+    def bandwidth_caps(self, peer: str) -> dict[str, int]:
+        """The shared caps a sync to *peer* is under, name -> bytes per second, the peer's
+        before the site's (a sync takes from each in this order); empty: no cap."""
+        p = self.peers.get(peer)
+        caps = {f"peer:{peer}": p.bwlimit} if p is not None and p.bwlimit else {}
+        if self.bwlimit:
+            caps["site"] = self.bwlimit
+        return caps
+
     def check_secrets(self, secrets: dict) -> None:
         """When a secrets file is configured, RPCs must carry secrets['token'] matching it."""
         if self.secrets_file is None:
@@ -227,6 +251,40 @@ def socket_path(endpoint: str) -> Path:
     if endpoint.startswith("/"):
         return Path(endpoint)
     raise UnsupportedEndpoint(endpoint=endpoint)
+
+
+# rate units: bits per second are decimal, as tc and link prices count them; bytes per second
+# are binary. Matched lower-cased, so no unit may depend on its case ("Mb/s" vs "MB/s").
+_RATE_UNITS = {"bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8,
+               "b/s": 1, "kib/s": 1 << 10, "mib/s": 1 << 20, "gib/s": 1 << 30}
+_RATE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z/]*)\s*")
+_UNITS = "bit, kbit, mbit, gbit (bits/s) or B/s, KiB/s, MiB/s, GiB/s"
+MIN_BWLIMIT = 64_000        # 512 kbit
+
+
+def parse_bwlimit(value, where: str, key: str = "bwlimit") -> int:
+    """A bandwidth cap -> bytes per second (0: no cap). *value* is an integer (bytes per
+    second) or a string: a number and a unit, bit/kbit/mbit/gbit (decimal bits per second)
+    or B/s, KiB/s, MiB/s, GiB/s: ``"100mbit"``, ``"1gbit"``, ``"50MiB/s"``. A cap under
+    512 kbit is refused: it is a unit left out (``100`` for ``"100mbit"``), not a link."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ConfigInvalid(where=where, reason=f"{key} must be bytes per second (an integer) or a string "
+                                                f"like \"100mbit\" or \"50MiB/s\", not {value!r}")
+    rate = value if isinstance(value, int) else _rate_of(value, where, key)
+    if rate < 0:
+        raise ConfigInvalid(where=where, reason=f"{key} = {value!r} is negative; 0 means no cap")
+    if 0 < rate < MIN_BWLIMIT:
+        raise ConfigInvalid(where=where, reason=f"{key} = {value!r} is {rate} bytes/s, under the least cap "
+                                                f"of 512 kbit (64000 bytes/s): was a unit left out? ({_UNITS})")
+    return rate
+
+
+def _rate_of(text: str, where: str, key: str) -> int:
+    m = _RATE.fullmatch(text.lower())
+    if m is None or (m.group(2) and m.group(2) not in _RATE_UNITS):
+        raise ConfigInvalid(where=where, reason=f"{key} = {text!r}: expected a number and a unit, "
+                                                f"{_UNITS} (e.g. \"100mbit\"), or 0 for no cap")
+    return int(float(m.group(1)) * _RATE_UNITS.get(m.group(2), 1))
 
 
 def _req(doc: dict, key: str, where: str):
@@ -250,12 +308,20 @@ def _peer(name: str, p: dict, where: str, rel) -> PeerConfig:
         if not isinstance(addr, dict) or "host" not in addr:
             raise ConfigInvalid(where=where, reason=f"nodes.{node} needs host (and port)")
         nodes[node] = (addr["host"], int(addr.get("port", 22)))
-    max_syncs = p.get("max_syncs", 0)
-    if not isinstance(max_syncs, int) or isinstance(max_syncs, bool) or max_syncs < 0:
-        raise ConfigInvalid(where=where, reason=f"max_syncs must be a whole number >= 0, not {max_syncs!r}")
+    counts = {k: _whole(p, k, default, low, where) for k, default, low in
+              (("max_syncs", 0, 0), ("connections", 2, 1), ("max_stripes", 8, 1), ("window", 2 << 20, 32 << 10),
+               ("stripes", 0, 0))}
     return PeerConfig(name=name, host=p.get("host", ""), port=int(p.get("port", 22)), user=p.get("user", "root"),
                       known_hosts=path("known_hosts"), key=path("key"), transport=transport, pool=path("pool"),
-                      max_syncs=max_syncs, nodes=nodes)
+                      nodes=nodes, bwlimit=parse_bwlimit(p.get("bwlimit", 0), where),
+                      link_rate=float(parse_bwlimit(p.get("link_rate", 0), where, "link_rate")), **counts)
+
+
+def _whole(p: dict, key: str, default: int, low: int, where: str) -> int:
+    v = p.get(key, default)
+    if not isinstance(v, int) or isinstance(v, bool) or v < low:
+        raise ConfigInvalid(where=where, reason=f"{key} must be a whole number >= {low}, not {v!r}")
+    return v
 
 
 def check_node_name(name: str, where: str) -> str:
@@ -342,7 +408,8 @@ def parse(doc: dict, path: Path | None = None, node: str = "") -> SiteConfig:
                       visibility_timeout=int(doc.get("visibility_timeout", 300)),
                       zone=check_id(doc["zone"], "zone") if doc.get("zone") else "", nodes=nodes,
                       node_call_timeout=float(doc.get("node_call_timeout", 30.0)),
-                      retention=_retention(doc, where))
+                      retention=_retention(doc, where),
+                      bwlimit=parse_bwlimit(doc.get("bwlimit", 0), where))
     return cfg.for_node(node) if node else cfg
 
 

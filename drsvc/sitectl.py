@@ -36,16 +36,16 @@ def _argv(component: str, cfg: SiteConfig) -> list[str]:
         if what == "scheduler":
             return [py, "-m", "workers.scheduler", "--config", str(cfg.path), "--node", node]
         role = {"worker": "data", "api": "api"}[what]
-        return [py, "-c", "import sys; from workers.tasks import worker_main; sys.exit(worker_main())",
+        return [py, "-c", "import sys; from workers.main import worker_main; sys.exit(worker_main())",
                 "--config", str(cfg.path), "--role", role, "--node", node,
                 "--hostname", f"{cfg.site}-{node}-{what}@%h"]
     if component == "plugin":
         return [py, "-m", "csi_plugin", "--config", str(cfg.path)]
     if component == "worker":
-        return [py, "-c", "import sys; from workers.tasks import worker_main; sys.exit(worker_main())",
+        return [py, "-c", "import sys; from workers.main import worker_main; sys.exit(worker_main())",
                 "--config", str(cfg.path), "--hostname", f"{cfg.site}@%h"]
     if component == "control":          # the control queue's own worker: never behind syncs
-        return [py, "-c", "import sys; from workers.tasks import worker_main; sys.exit(worker_main())",
+        return [py, "-c", "import sys; from workers.main import worker_main; sys.exit(worker_main())",
                 "--config", str(cfg.path), "--role", "control", "--hostname", f"{cfg.site}-control@%h"]
     if component == "scheduler":
         return [py, "-m", "workers.scheduler", "--config", str(cfg.path)]

@@ -27,7 +27,7 @@ def cmd_flower(args, out):
 
 
 def cmd_worker(args, out):
-    from workers.tasks import worker_main
+    from workers.main import worker_main
     path = config_path(args)
     load_config(path)
     argv = ["--config", path, "--role", args.role, "--node", args.node]

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from drsvc import runner
-from drsvc.lab import Lab
 from drsvc.layout import PoolLayout
+from drsvc_lab import Lab
 
 from . import demo_view
 from . import humanize as H
@@ -361,7 +361,7 @@ def run_demo(*, keep: bool = False, as_json: bool = False, root: str | None = No
 def demo_down(root, *, as_json: bool = False) -> int:
     """Remove what `drsvc demo --keep` left under *root*: each site's plugin, worker, scheduler
     and /metrics, its redis-server and sshd, the pools' mounts and loop devices, and the files."""
-    from drsvc.lab import _unmount_under, leftovers
+    from drsvc_lab import leftovers, unmount_under
     work = Path(root).resolve()
     if not work.exists():
         print(json.dumps({"ok": True, "root": str(work), "removed": False}) if as_json else f"nothing at {work}")
@@ -369,7 +369,7 @@ def demo_down(root, *, as_json: bool = False) -> int:
     lab = Lab.find(work / "sites")
     if lab is not None:
         lab.teardown()
-    _unmount_under(work)
+    unmount_under(work)
     left = leftovers(work)
     if not any(left.values()):
         shutil.rmtree(work, ignore_errors=True)

@@ -1,2 +1,18 @@
-pytest_plugins = ["tests.fixtures.xfs", "tests.fixtures.sites", "tests.fixtures.sshd", "tests.fixtures.csi",
-                  "tests.faults.tally"]
+"""Test tiers: `pytest -m fast` runs the tests that need no root and no lab (the planner,
+block maps, protocol framing, config, errors, layouts, grids): seconds in all. tests/tiers.py
+keeps the tier honest."""
+import pytest
+
+pytest_plugins = ["pytester", "tests.tiers", "tests.fixtures.xfs", "tests.fixtures.sites", "tests.fixtures.sshd",
+                  "tests.fixtures.csi", "tests.faults.tally"]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (--dist loadgroup): a module's tests stay on one worker, so its
+    shared lab or plugin is built once; the fault suite, which shares one lab and times
+    its faults, runs on one worker, in order."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group("faults" if module.startswith("tests/faults/") else module))

@@ -8,6 +8,8 @@ from celery.app.amqp import AMQP
 
 from drsvc.config import SiteConfig
 
+from . import tasks
+
 log = logging.getLogger(__name__)
 
 
@@ -107,6 +109,5 @@ def make_app(cfg: SiteConfig) -> Celery:
         worker_hijack_root_logger=False,
     )
     app.drsvc_config = cfg
-    from . import tasks
     tasks.register(app)
     return app

@@ -1,6 +1,7 @@
 """Dispatcher over Celery: queue an operation on its queue (data or control) and wait, bounded."""
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 
@@ -14,6 +15,7 @@ from drsvc.errors import (BrokerUnreachable, DrsvcError, NodeUnreachable, NotGro
                           WorkerFailed)
 
 from . import inflight
+from .bandwidth import RedisBandwidth, client
 
 
 class CeleryDispatcher:
@@ -21,6 +23,8 @@ class CeleryDispatcher:
         self.app = app
         self.cfg = app.drsvc_config
         self.redis = redis.Redis.from_url(self.cfg.redis_url, socket_timeout=10)
+        self._bandwidth: RedisBandwidth | None = None
+        self._bandwidth_lock = threading.Lock()
 
     def queue(self, op: str) -> str:
         """The queue *op* goes to: control operations never wait behind syncs."""
@@ -35,6 +39,18 @@ class CeleryDispatcher:
     def cut(self, group_id: str, nodes) -> RedisCut:
         """How this node's part of *group_id* (members on *nodes*) meets the others."""
         return RedisCut(self.redis, self.cfg.site, group_id, self.cfg.node_id, nodes)
+
+    def bandwidth(self) -> RedisBandwidth:
+        """The site's bandwidth caps (drsvc.transport.bandwidth.SiteBandwidth), one per process.
+        Its own Redis client answers within 1 s or not at all (``bandwidth.client``): a sync
+        must not stall on a hung Redis (it goes on at its process's share). Every process of both workers (data and
+        control), on every node, may sync at once: that many shares."""
+        with self._bandwidth_lock:
+            if self._bandwidth is None:
+                r = client(self.cfg.redis_url)
+                shares = 2 * (self.app.conf.worker_concurrency or 2) * max(1, len(self.cfg.nodes))
+                self._bandwidth = RedisBandwidth(r, self.cfg.site, self.cfg.bandwidth_caps, shares=shares)
+            return self._bandwidth
 
     def run(self, op: str, unit_id: str, kwargs: dict, *, wait: float) -> dict:
         try:

@@ -2,7 +2,7 @@
 
   python -m workers.probe --config site.toml worker --role data|control|api
       the worker of that role on this host answers a Celery ping by its node name
-      (workers.tasks.worker_name, @ this host's name: the pod's);
+      (workers.main.worker_name, @ this host's name: the pod's);
   python -m workers.probe --config site.toml scheduler --heartbeat FILE [--max-age 60]
       the scheduler's loop touched FILE (its --heartbeat) within --max-age seconds.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 
 def probe_worker(cfg, role: str, timeout: float) -> str | None:
     from .app import make_app
-    from .tasks import worker_name
+    from .main import worker_name
     name = f"{worker_name(cfg, role)}@{socket.gethostname()}"
     app = make_app(cfg)
     try:

@@ -6,7 +6,6 @@ acks_late, and retry with backoff only on transient errors (Unavailable).
 from __future__ import annotations
 
 import logging
-import os
 import random
 
 import redis
@@ -16,7 +15,6 @@ from drsvc.dispatch import error_to_dict
 from drsvc.errors import DrsvcError, Unavailable
 
 from . import inflight, slots
-from .titles import keep_worker_titles
 
 log = logging.getLogger(__name__)
 OPS = ("enable", "disable", "promote", "demote", "resync", "sync")
@@ -59,77 +57,103 @@ def sync_marker(site: str, unit_id: str) -> str:
     return f"drsvc:{site}:sync-queued:{unit_id}"
 
 
-def register(app) -> None:
+def _take_slot(app, r, peer: str, task_id: str):
+    """A held slot of *peer* (None: every slot is busy)."""
     cfg = app.drsvc_config
+    slot = slots.Slot(r, cfg.scope, peer, ttl=cfg.visibility_timeout, label=task_id)
+    try:
+        return slot if slot.acquire(cfg.peer_sync_slots(peer, app.conf.worker_concurrency or 2)) else None
+    except redis.RedisError as e:      # the sync needs no Redis: run it uncapped
+        log.warning("peer sync slots unavailable (%s): running uncapped", type(e).__name__)
+        return slots.Slot(r, cfg.scope, peer, ttl=cfg.visibility_timeout)
 
-    def _take_slot(r, peer: str, task_id: str):
-        """A held slot of *peer* (None: every slot is busy)."""
-        slot = slots.Slot(r, cfg.scope, peer, ttl=cfg.visibility_timeout, label=task_id)
+
+def _hold_claim(cfg, r, unit_id: str, task_id: str) -> None:
+    """This task runs: its claim (if a caller took one) lives on even if that caller
+    died before it could confirm the send."""
+    try:
+        inflight.confirm(r, cfg.scope, unit_id, task_id)
+    except redis.RedisError as e:
+        log.warning("could not confirm the in-flight marker of %s: %s", unit_id, e)
+
+
+class OpRun:
+    """One run of a drsvc.<op> task: hold the caller's claim, take a sync slot of the peer
+    (or come back later under the same task id), run the job, answer with plain data, and
+    release the slot, and the claim unless the task comes back."""
+
+    def __init__(self, app, task, op: str, unit_id: str, kwargs: dict):
+        self.app, self.cfg, self.task, self.op = app, app.drsvc_config, task, op
+        self.unit_id, self.kwargs = unit_id, kwargs
+        self.jobs = jobs_for(app)
+        self.r = self.jobs.dispatcher.redis         # one client per worker process
+        self.slot = None
+        self.coming_back = False
+
+    def __call__(self) -> dict:
         try:
-            return slot if slot.acquire(cfg.peer_sync_slots(peer, app.conf.worker_concurrency or 2)) else None
-        except redis.RedisError as e:      # the sync needs no Redis: run it uncapped
-            log.warning("peer sync slots unavailable (%s): running uncapped", type(e).__name__)
-            return slots.Slot(r, cfg.scope, peer, ttl=cfg.visibility_timeout)
+            return self._answer()
+        finally:
+            self._release()
 
-    def _hold_claim(r, unit_id: str, task_id: str) -> None:
-        """This task runs: its claim (if a caller took one) lives on even if that caller
-        died before it could confirm the send."""
+    def _answer(self) -> dict:
         try:
-            inflight.confirm(r, cfg.scope, unit_id, task_id)
-        except redis.RedisError as e:
-            log.warning("could not confirm the in-flight marker of %s: %s", unit_id, e)
+            return {"ok": True, **(self._run() or {})}
+        except Ignore:
+            raise
+        except Unavailable as e:
+            # transient (peer or Redis down): scheduled syncs retry with backoff
+            if self.op == "sync" and self.task.request.retries < self.task.max_retries:
+                self.coming_back = True
+                raise self.task.retry(countdown=min(60, 2 ** self.task.request.retries), exc=e) from e
+            return error_to_dict(e)
+        except DrsvcError as e:
+            return error_to_dict(e)
+        except Exception as e:  # noqa: BLE001 - a task reports, it does not die
+            log.exception("drsvc.%s %s failed", self.op, self.unit_id)
+            return {"ok": False, "error": "InternalError", "message": f"{type(e).__name__}: {e}"}
 
-    def make(op: str):
-        @app.task(name=f"drsvc.{op}", bind=True, acks_late=True, max_retries=8)
-        def task(self, unit_id: str, **kwargs):
-            jobs = jobs_for(app)
-            r = jobs.dispatcher.redis         # one client per worker process
-            retrying = False
-            slot = None
+    def _run(self):
+        task_id = self.task.request.id
+        _hold_claim(self.cfg, self.r, self.unit_id, task_id)
+        if self.op == "sync" and (peer := self.jobs.peer_of(self.unit_id)):
+            self.slot = _take_slot(self.app, self.r, peer, task_id)
+            if self.slot is None:
+                # every slot of this peer is busy (a slow peer): leave the process to other
+                # peers' syncs and come back; same task id, so a caller waiting on it still
+                # gets the result
+                self.coming_back = True
+                self.task.apply_async(args=[self.unit_id], kwargs=self.kwargs, task_id=task_id,
+                                      countdown=1.0 + random.random(), queue=self.cfg.queue_for(self.op))
+                raise Ignore()
+        return getattr(self.jobs, f"run_{self.op}")(self.unit_id, **self.kwargs)
+
+    def _release(self) -> None:
+        if self.slot is not None:
             try:
-                _hold_claim(r, unit_id, self.request.id)
-                if op == "sync" and (peer := jobs.peer_of(unit_id)):
-                    slot = _take_slot(r, peer, self.request.id)
-                    if slot is None:
-                        # every slot of this peer is busy (a slow peer): leave the process to
-                        # other peers' syncs and come back; same task id, so a caller waiting
-                        # on it still gets the result
-                        retrying = True
-                        self.apply_async(args=[unit_id], kwargs=kwargs, task_id=self.request.id,
-                                         countdown=1.0 + random.random(), queue=cfg.queue_for(op))
-                        raise Ignore()
-                out = getattr(jobs, f"run_{op}")(unit_id, **kwargs)
-                return {"ok": True, **(out or {})}
-            except Ignore:
-                raise
-            except Unavailable as e:
-                # transient (peer or Redis down): scheduled syncs retry with backoff
-                if op == "sync" and self.request.retries < self.max_retries:
-                    retrying = True
-                    raise self.retry(countdown=min(60, 2 ** self.request.retries), exc=e) from e
-                return error_to_dict(e)
-            except DrsvcError as e:
-                return error_to_dict(e)
-            except Exception as e:  # noqa: BLE001 - a task reports, it does not die
-                log.exception("drsvc.%s %s failed", op, unit_id)
-                return {"ok": False, "error": "InternalError", "message": f"{type(e).__name__}: {e}"}
-            finally:
-                if slot is not None:
-                    try:
-                        slot.release()
-                    except redis.RedisError as e:
-                        log.warning("could not release sync slot %s (it lapses): %s", slot.holder, e)
-                if not retrying:
-                    try:
-                        inflight.release(r, cfg.scope, unit_id, self.request.id)
-                        if op == "sync":
-                            r.delete(sync_marker(cfg.scope, unit_id))
-                    except redis.RedisError as e:
-                        log.warning("could not release in-flight marker of %s: %s", unit_id, e)
-        return task
+                self.slot.release()
+            except redis.RedisError as e:
+                log.warning("could not release sync slot %s (it lapses): %s", self.slot.holder, e)
+        if self.coming_back:
+            return
+        try:
+            inflight.release(self.r, self.cfg.scope, self.unit_id, self.task.request.id)
+            if self.op == "sync":
+                self.r.delete(sync_marker(self.cfg.scope, self.unit_id))
+        except redis.RedisError as e:
+            log.warning("could not release in-flight marker of %s: %s", self.unit_id, e)
 
+
+def _op_task(app, op: str):
+    @app.task(name=f"drsvc.{op}", bind=True, acks_late=True, max_retries=8)
+    def task(self, unit_id: str, **kwargs):
+        return OpRun(app, self, op, unit_id, kwargs)()
+    return task
+
+
+def register(app) -> None:
     for op in OPS:
-        make(op)
+        _op_task(app, op)
 
     @app.task(name="drsvc.node", acks_late=True)
     def node_call(op: str, kwargs: dict):
@@ -141,47 +165,3 @@ def register(app) -> None:
         except Exception as e:  # noqa: BLE001 - a task reports, it does not die
             log.exception("drsvc.node %s failed", op)
             return {"ok": False, "error": "InternalError", "message": f"{type(e).__name__}: {e}"}
-
-
-def worker_main(argv=None) -> int:
-    """`drsvc worker --config site.toml [--role data|control|node] [--node NAME]`: a Celery
-    worker of this site.
-
-    A data worker serves the data queue (syncs) and, when a process is free, the control
-    queue too, so a site with no control worker still answers. A control worker serves only
-    the control queue: enable, disable, promote, demote and resync never wait behind syncs.
-    With --node (a site of several storage nodes), the same for that node's queues
-    drsvc.<site>.<node>[.control], over its pool; role api serves the node's
-    drsvc.<site>.<node>.api, the site controller's calls on that pool, in threads."""
-    import argparse
-    from drsvc.config import load
-    from .app import make_app
-    ap = argparse.ArgumentParser(prog="drsvc worker")
-    ap.add_argument("--config", default=os.environ.get("DRSVC_CONFIG"), required=not os.environ.get("DRSVC_CONFIG"))
-    ap.add_argument("--role", choices=("data", "control", "api"), default="data")
-    ap.add_argument("--node", default=os.environ.get("DRSVC_NODE", ""),
-                    help="this storage node's name in the site config's [nodes] (default: $DRSVC_NODE)")
-    ap.add_argument("--concurrency", type=int, default=None, help="processes (threads for api); default 2 (api 8)")
-    ap.add_argument("--loglevel", default="INFO")
-    ap.add_argument("--hostname", default=None)
-    args = ap.parse_args(argv)
-    if args.role == "api" and not args.node:
-        ap.error("--role api is a storage node's: it needs --node (or DRSVC_NODE)")
-    cfg = load(args.config, node=args.node)
-    app = make_app(cfg)
-    args.concurrency = args.concurrency or (8 if args.role == "api" else 2)
-    app.conf.worker_concurrency = args.concurrency     # the per-peer sync slots follow it
-    queues = {"data": f"{cfg.queue},{cfg.control_queue}", "control": cfg.control_queue,
-              "api": cfg.api_queue(args.node) if args.role == "api" else ""}[args.role]
-    pool = ["-P", "threads"] if args.role == "api" else []   # its calls wait on the node's jobs
-    wargs = ["worker", "-Q", queues, *pool, "-c", str(args.concurrency), "-l", args.loglevel, "-E",
-             "-n", args.hostname or f"{worker_name(cfg, args.role)}@%h", "--without-gossip", "--without-mingle"]
-    keep_worker_titles("worker", cfg, "" if args.role == "data" else args.role)
-    app.worker_main(wargs)
-    return 0
-
-
-def worker_name(cfg, role: str) -> str:
-    """The Celery node name of this site's (or node's) worker of *role*, before the @host:
-    "a", "a-control", "a.n1-api". workers/probe.py pings it by this name."""
-    return cfg.scope if role == "data" else f"{cfg.scope}-{role}"

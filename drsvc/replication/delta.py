@@ -224,56 +224,61 @@ class AdaptiveCodec:
         return CODEC_ZSTD, packed
 
 
-def manifest_of(plan_path, upto: int | None = None) -> ManifestChain:
+def manifest_of(plan_path, upto: int | None = None, only=None) -> ManifestChain:
+    """The chain of the plan's first *upto* records, or of the records whose index is in *only*."""
     chain = ManifestChain()
     for i, (member, z, off, length, ck) in enumerate(read_plan(plan_path)):
         if upto is not None and i >= upto:
             break
-        chain.update(member, z, off, length, ck)
+        if only is None or i in only:
+            chain.update(member, z, off, length, ck)
     return chain
 
 
-PIPELINE_DEPTH = 8        # frames read ahead of the channel (each <= CHUNK): bounded memory
+PIPELINE_DEPTH = 8        # frames read ahead of the channels (each <= CHUNK): bounded memory
 
 
-def stream_records(plan_path, fds: list[int], write, *, skip: int, codec: AdaptiveCodec,
+def stream_records(plan_path, fds: list[int], writes, *, compress: str = "auto", skip=0, held=frozenset(),
+                   indexed: bool = False, stop: threading.Event | None = None,
                    flush_at: int = 256 << 10) -> tuple[int, ManifestChain]:
-    """Send the plan's records after the first *skip* through ``write(bytes)``.
+    """Send the plan's records, but the first *skip* and those in *held*, through the
+    channels' ``write(bytes)`` callables (*writes*: one, or a list, one per stripe).
 
     Returns (records sent, manifest chain over all records). A reader thread reads
     the records in plan (offset) order, checks each against the plan's checksum (a
-    snapshot that changed underneath is caught, never sent), encodes it and hands
-    ready frames to this thread, which only writes: reading, compressing and
-    sending overlap, and the sender never waits on the peer per record. Small
-    records are batched into frames of about *flush_at* bytes."""
-    frames: queue.Queue = queue.Queue(maxsize=PIPELINE_DEPTH)
+    snapshot that changed underneath is caught, never sent) and queues batches of whole
+    records; each channel's writer takes the next batch when it is free (one channel:
+    this thread), encodes it with a codec of its own (*compress*: adaptive zstd; with
+    its plan index when *indexed*) and sends it. Reading, compressing and sending
+    overlap; with several channels the compression runs on as many threads (zstd
+    releases the GIL), and the sender never waits on the peer per record.
+    Small records are batched into frames of about *flush_at* bytes. *stop* set by
+    another thread ends the stream early (what was sent is sent)."""
+    writes = [writes] if callable(writes) else list(writes)
+    frames: queue.Queue = queue.Queue(maxsize=PIPELINE_DEPTH + len(writes))
     free: queue.Queue = queue.Queue()
-    for _ in range(PIPELINE_DEPTH + 2):
+    for _ in range(PIPELINE_DEPTH + 2 + len(writes)):
         free.put(bytearray(CHUNK))
-    stop = threading.Event()
+    halt = _Halt(stop)       # ours to set (the reader's end); *stop* is the caller's
     result = {"sent": 0, "chain": ManifestChain()}
+    skipping = _Skip(skip, held)
 
     def produce():
         try:
-            _read_records(plan_path, fds, skip, codec, flush_at, frames, free, stop, result)
+            _read_records(plan_path, fds, skipping, flush_at, frames, free, halt, result)
         except BaseException as e:   # re-raised by the writer
             frames.put(("error", e))
 
     reader = threading.Thread(target=produce, name="drsvc-read-records", daemon=True)
     reader.start()
     try:
-        while True:
-            item = frames.get()
-            kind = item[0]
-            if kind == "end":
-                break
-            if kind == "error":
-                raise item[1]
-            write(item[1])
-            if kind == "payload":
-                free.put(item[2])
+        enc = _Encoder(compress, indexed, flush_at)
+        if len(writes) == 1:
+            _write_frames(frames, free, writes[0], halt, enc)
+        else:
+            _write_striped(frames, free, writes, halt, enc)
     finally:
-        stop.set()
+        halt.set()
         while reader.is_alive():      # unblock a reader waiting on a full queue or for a buffer
             try:
                 while True:
@@ -285,46 +290,144 @@ def stream_records(plan_path, fds: list[int], write, *, skip: int, codec: Adapti
     return result["sent"], result["chain"]
 
 
-def _read_records(plan_path, fds, skip, codec, flush_at, frames, free, stop, result) -> None:
+class _Halt:
+    """An event of our own that also reads as set once the caller's *stop* is."""
+
+    __slots__ = ("own", "stop")
+
+    def __init__(self, stop: threading.Event | None):
+        self.own, self.stop = threading.Event(), stop
+
+    def set(self) -> None:
+        self.own.set()
+
+    def is_set(self) -> bool:
+        return self.own.is_set() or (self.stop is not None and self.stop.is_set())
+
+
+class _Skip:
+    """The records not to send: the first *skip* (a version 3 resume) and the *held* indices."""
+
+    __slots__ = ("skip", "held")
+
+    def __init__(self, skip: int, held):
+        self.skip, self.held = skip, held
+
+    def __contains__(self, i: int) -> bool:
+        return i < self.skip or i in self.held
+
+
+class _Encoder:
+    """Turns a batch of records into frames and sends them, with a codec of its own."""
+
+    def __init__(self, compress: str, indexed: bool, flush_at: int):
+        self.compress, self.indexed, self.flush_at = compress, indexed, flush_at
+        self.codec = AdaptiveCodec(compress)      # zstd contexts are not shared between threads
+
+    def copy(self) -> _Encoder:
+        return _Encoder(self.compress, self.indexed, self.flush_at)
+
+    def send(self, records, write) -> None:
+        codec = self.codec
+        out = bytearray()
+        for member, z, off, length, ck, index, data in records:
+            index = index if self.indexed else None
+            if z:
+                out += encode_record_header(member, CODEC_ZERO, off, length, 0, 0, index)
+                continue
+            c, payload = codec.encode(data)
+            out += encode_record_header(member, c, off, length, ck, len(payload), index)
+            if len(payload) >= self.flush_at:      # a big payload goes out as it is, after its header
+                write(bytes(out))
+                out.clear()
+                write(payload)
+            else:
+                out += payload
+        if out:
+            write(bytes(out))
+
+
+def _write_frames(frames: queue.Queue, free: queue.Queue, write, stop: _Halt, enc: _Encoder) -> None:
+    """One channel's writer: batches from the queue until the end (or *stop*)."""
+    while not stop.is_set():
+        try:
+            item = frames.get(timeout=0.2)
+        except queue.Empty:
+            continue
+        kind = item[0]
+        if kind == "end":
+            frames.put(item)           # for the other channels' writers
+            return
+        if kind == "error":
+            frames.put(item)
+            raise item[1]
+        enc.send(item[1], write)
+        if item[2] is not None:
+            free.put(item[2])
+
+
+def _write_striped(frames: queue.Queue, free: queue.Queue, writes, stop: _Halt, enc: _Encoder) -> None:
+    """A writer thread per channel; the first failure stops them all and is raised."""
+    errors: list[BaseException] = []
+
+    def run(write):
+        try:
+            _write_frames(frames, free, write, stop, enc.copy())
+        except BaseException as e:   # noqa: BLE001 - raised below, in the caller's thread
+            errors.append(e)
+            stop.set()
+
+    threads = [threading.Thread(target=run, args=(w,), name=f"drsvc-stripe-send-{i}", daemon=True)
+               for i, w in enumerate(writes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def _read_records(plan_path, fds, skipping, flush_at, frames, free, stop, result) -> None:
+    """The reader: every record not skipped, read and checked, into batches of whole records
+    (member, is_zero, offset, length, checksum, index, data): small ones copied together up to
+    *flush_at* bytes, a big one alone in a buffer of its own (back to *free* once sent)."""
     chain = result["chain"]
-    out = bytearray()
-    scratch = bytearray(flush_at)
+    batch: list = []
+    size = 0
     h64 = xxhash.xxh3_64_intdigest
     for i, (member, z, off, length, ck) in enumerate(read_plan(plan_path)):
         chain.update(member, z, off, length, ck)
-        if i < skip:
+        if i in skipping:
             continue
         if stop.is_set():
             return
-        if z:
-            out += encode_record_header(member, CODEC_ZERO, off, length, 0, 0)
-        else:
-            big = length >= flush_at
-            buf = free.get() if big else scratch
-            if length > len(buf):
-                buf = bytearray(length)
-            data = memoryview(buf)[:length]
-            got = os.preadv(fds[member], [data], off)
-            if got < length:
-                data[got:] = bytes(length - got)
-            if h64(data) != ck:
-                raise ReplicationConflict(unit_id="?", reason=f"snapshot changed under the plan at offset {off}")
-            c, payload = codec.encode(data)
-            out += encode_record_header(member, c, off, length, ck, len(payload))
-            if len(payload) >= flush_at:
-                frames.put(("frame", bytes(out)))
-                out.clear()
-                frames.put(("payload", payload, buf) if big else ("frame", bytes(payload)))
-            else:
-                out += payload
-                if big:
-                    free.put(buf)
         result["sent"] += 1
-        if len(out) >= flush_at:
-            frames.put(("frame", bytes(out)))
-            out.clear()
-    if out:
-        frames.put(("frame", bytes(out)))
+        if z:
+            batch.append((member, True, off, length, 0, i, None))
+            if len(batch) >= 4096:
+                frames.put(("batch", batch, None))
+                batch, size = [], 0
+            continue
+        big = length >= flush_at
+        buf = free.get() if big else bytearray(length)
+        if length > len(buf):
+            buf = bytearray(length)
+        data = memoryview(buf)[:length]
+        got = os.preadv(fds[member], [data], off)
+        if got < length:
+            data[got:] = bytes(length - got)
+        if h64(data) != ck:
+            raise ReplicationConflict(unit_id="?", reason=f"snapshot changed under the plan at offset {off}")
+        if big:
+            frames.put(("batch", [(member, False, off, length, ck, i, data)], buf))
+            continue
+        batch.append((member, False, off, length, ck, i, data))
+        size += length
+        if size >= flush_at or len(batch) >= 4096:
+            frames.put(("batch", batch, None))
+            batch, size = [], 0
+    if batch:
+        frames.put(("batch", batch, None))
     frames.put(("end",))
 
 

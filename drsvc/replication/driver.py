@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Protocol
 
 from ..errors import PeerUnreachable
-from ..transport import Peer
+from ..transport import LinkHints, Peer
+from ..transport.bandwidth import Bandwidth
 from .cut import Cut
 from .generation import Prepared
 from .layout import PoolLayout
@@ -33,6 +34,15 @@ from .state import UnitState
 
 log = logging.getLogger(__name__)
 RETRIABLE = (PeerUnreachable,)
+
+
+class Refused(Exception):
+    """The peer refused a one-flight transaction (it was not as the sender expected); its
+    status comes with it, and the attempt plans from there as after a status exchange."""
+
+    def __init__(self, status: dict, error: dict | None = None):
+        super().__init__(f"peer refused the transaction: {(error or {}).get('message', '')}")
+        self.status, self.error = status, error
 
 
 @dataclass
@@ -47,16 +57,27 @@ class Job:
     demote: bool = False
     mode: str = "delta"
     compress: str = "auto"
-    bwlimit: float | None = None
+    bandwidth: Bandwidth | None = None   # the one limiter every channel of the session sends through
     origin: dict | None = None
     cut: Cut | None = None        # one node's part of a group spanning nodes (replication.cut)
     sources: dict | None = None   # volume id -> file captured instead of the live image (a CSI snapshot)
+    link: LinkHints | None = None  # striping hints (None: the peer's own, ``Peer.link``)
 
 
 class Session(Protocol):
     """One conversation with the peer's receiver about one unit (``remote.ApplySession``):
     status and block-map requests, then one transaction (begin, records, commit) and
-    a two-phase round's decision. Opened per attempt; the driver closes it."""
+    a two-phase round's decision. Opened per attempt; the driver closes it.
+
+    Protocol 4 (``version``) adds the one-flight transaction (``begin(one_flight=True)``,
+    ``watch``/``answer``/``abort``) and stripe channels (``open_stripes``)."""
+
+    peer: Peer
+    round_trips: int
+    channels_opened: int
+
+    @property
+    def version(self) -> int: ...
 
     @property
     def bytes_sent(self) -> int: ...
@@ -67,7 +88,15 @@ class Session(Protocol):
 
     def fetch_maps(self, volumes, block_size: int, dest: Path) -> dict: ...
 
-    def begin(self, tx: dict) -> dict: ...
+    def begin(self, tx: dict, *, one_flight: bool = False) -> dict | None: ...
+
+    def watch(self) -> threading.Event: ...
+
+    def answer(self, expect: str | None = None) -> dict: ...
+
+    def abort(self) -> None: ...
+
+    def open_stripes(self, token: str, count: int) -> list: ...
 
     def restart(self) -> dict: ...
 
@@ -97,6 +126,7 @@ class Attempt:
     pending: Prepared | None = None           # snap/<G+1> left by an earlier run
     early: Prepared | None = None             # captured while connecting (against G)
     prepared: Prepared | None = None          # what Ship sends
+    one_flight: bool = False                  # no status asked: begin, records and trailer at once
     t0: float = field(default_factory=time.monotonic)   # start of the sync
 
     def drop_early(self) -> None:
@@ -125,6 +155,10 @@ class Planner(Protocol):
         """The steps, from the state at both ends (``a.st``, ``a.pending``, ``a.peer_st``),
         or a typed conflict."""
 
+    def flight(self, a: Attempt) -> list[Step] | None:
+        """The steps of a one-flight sync (nothing pending here, the peer's status not
+        asked), or None when this attempt must ask for the status first."""
+
 
 def drive(job: Job, planner: Planner, open_session: SessionOpener, report: SyncReport, *,
           attempts: int = 1) -> None:
@@ -151,6 +185,8 @@ def _run(a: Attempt, planner: Planner, open_session: SessionOpener) -> None:
     try:
         connect(a, planner, open_session)
         a.report.phases["connect_s"] = round(time.monotonic() - t, 4)
+        if a.one_flight and _fly(a, planner):
+            return
         steps = planner.plan(a)
         a.report.steps = [s.name for s in steps if s.reported]
         for step in steps:
@@ -158,19 +194,47 @@ def _run(a: Attempt, planner: Planner, open_session: SessionOpener) -> None:
     finally:
         a.drop_early()
         if a.session is not None:
+            a.report.round_trips += a.session.round_trips
+            a.report.channels_opened += a.session.channels_opened
             a.session.close()
+
+
+def _fly(a: Attempt, planner: Planner) -> bool:
+    """A one-flight sync; False when the peer refused it (``a.peer_st`` is then its status,
+    and whatever the flight left pending is planned for as usual)."""
+    steps = planner.flight(a)
+    if steps is None:           # the planner wants the status after all
+        a.session.request_status()
+        a.peer_st, a.one_flight = a.session.read_status(), False
+        return False
+    a.report.steps = [s.name for s in steps if s.reported]
+    try:
+        for step in steps:
+            step.run(a)
+        return True
+    except Refused as r:
+        log.info("sync of %s: the peer refused the one-flight transaction; planning from its status",
+                 a.job.unit_id)
+        a.peer_st, a.one_flight = r.status, False
+        return False
 
 
 def connect(a: Attempt, planner: Planner, open_session: SessionOpener) -> None:
     """Open the session and ask for the peer's status in a thread; meanwhile the planner
-    works ahead. Sets ``a.session`` (whenever it opened) and ``a.peer_st``."""
+    works ahead. Sets ``a.session`` (whenever it opened) and ``a.peer_st``. A fresh
+    generation over protocol 4 asks nothing (``a.one_flight``): the transaction's begin
+    carries what the sender expects, and a refusal brings the status."""
     opened: dict = {}
+    may_fly = a.pending is None and a.job.mode == "delta" and a.job.cut is None
 
     def _open():
         try:
             sess = open_session(a.job)
             opened["session"] = sess
-            sess.request_status()
+            if may_fly and sess.version >= 4:
+                opened["fly"] = True
+            else:
+                sess.request_status()
         except BaseException as e:  # re-raised in the caller's thread
             opened["error"] = e
 
@@ -183,4 +247,7 @@ def connect(a: Attempt, planner: Planner, open_session: SessionOpener) -> None:
         a.session = opened.get("session")
     if "error" in opened:
         raise opened["error"]
+    if opened.get("fly"):
+        a.one_flight = True
+        return
     a.peer_st = a.session.read_status()

@@ -17,6 +17,7 @@ from ..errors import (BrokerUnreachable, DrsvcError, NeedsResync, NotSecondary, 
                       PeerNotRecorded, SplitBrain)
 from ..retention import DEFAULT_GRID
 from ..transport import Peer
+from ..transport.bandwidth import LocalBandwidth, SiteBandwidth, TokenBucket, combine
 from . import shipsnap
 from . import state as unit_state
 from .health import final_sync
@@ -36,6 +37,7 @@ class ReplicationJobs:
         self.node = node
         self.peers = peers
         self.dispatcher = dispatcher
+        self._bandwidth: SiteBandwidth | None = None
 
     # -- what a sync needs to know of this site ----------------------------------------
     def _members(self, c: Control) -> list[str]:
@@ -82,6 +84,20 @@ class ReplicationJobs:
                                            "site's Redis to meet")
         return make(c.unit_id, g.nodes)
 
+    def _site_bandwidth(self) -> SiteBandwidth:
+        """The site's caps (``bwlimit``): in the site's Redis when the dispatcher has one
+        (``workers.bandwidth``), else buckets of this process alone."""
+        if self._bandwidth is None:
+            make = getattr(self.dispatcher, "bandwidth", None)
+            self._bandwidth = make() if make is not None else LocalBandwidth(self.cfg.bandwidth_caps)
+        return self._bandwidth
+
+    def _limiter(self, c: Control):
+        """Everything a sync of *c* sends goes through: the unit's bandwidthLimit (its own),
+        then the site's shared caps; None when neither is set."""
+        return combine(TokenBucket(c.bandwidth_limit) if c.bandwidth_limit else None,
+                       self._site_bandwidth().limiter(c.unit_id, c.peer))
+
     def peer_of(self, unit_id: str) -> str:
         """The peer this site replicates *unit_id* to ("" when not enabled here)."""
         c = find_control(self.pool, unit_id)
@@ -126,12 +142,12 @@ class ReplicationJobs:
             ships = shipsnap.candidates(self.volumes, c.kind, members) if cut is None else []
             for ship in shipsnap.pending(ships, c.snapshots_shipped):
                 # a CSI snapshot first, as a generation of its own: a pinned point at the peer
-                sync_unit(self.pool, c.unit_id, members, peer, kind=c.kind, bwlimit=c.bandwidth_limit or None,
+                sync_unit(self.pool, c.unit_id, members, peer, kind=c.kind, bandwidth=self._limiter(c),
                           origin=self._origin(c, ships, ship.point), sources=ship.sources)
                 self._shipped(c, ship.snapshot_id, ships)
             report = sync_unit(self.pool, c.unit_id, members, peer, mountpoints=self._mountpoints(members),
-                               demote=demote, kind=c.kind,
-                               bwlimit=c.bandwidth_limit or None, origin=self._origin(c, ships), cut=cut)
+                               demote=demote, kind=c.kind, bandwidth=self._limiter(c),
+                               origin=self._origin(c, ships), cut=cut)
         except OperationInProgress:
             raise
         except SplitBrain as e:
@@ -188,7 +204,8 @@ class ReplicationJobs:
         if st.role == "secondary":
             return {"role": "secondary"}
         try:
-            out = self._sync(c, demote=True)
+            with self._site_bandwidth().priority(c.unit_id, c.peer):
+                out = self._final_sync(c)
             log.info("demoted %s after a final sync to %s", unit_id, c.peer)
             return {"role": "secondary", "final_sync": out}
         except OperationInProgress:
@@ -200,6 +217,21 @@ class ReplicationJobs:
             unit_state.mark_diverged(self.pool, unit_id, True)
             log.warning("demoted %s without a final sync (%s); it needs a resync", unit_id, e.message)
             return {"role": "secondary", "final_sync": None, "diverged": True}
+
+    def _final_sync(self, c: Control) -> dict:
+        """A Demote's final sync, under the priority its caller holds. A sync of the unit that is
+        running holds the unit's lock: it has the priority too (the lease names the unit), and
+        the final sync waits for it, up to half the visibility timeout (at most a minute; then
+        OperationInProgress, ABORTED, and the CO's retry joins). Syncs queued for later find
+        the unit secondary and skip."""
+        deadline = time.monotonic() + min(60.0, self.cfg.visibility_timeout / 2)
+        while True:
+            try:
+                return self._sync(c, demote=True)
+            except OperationInProgress:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.1)
 
     def run_promote(self, unit_id: str, *, force: bool = False, point: int | None = None) -> dict:
         from .pointrestore import take_over

@@ -1,16 +1,24 @@
 """The receiver's transaction journal: records are made durable here first, then applied.
 
-    journal/tx.json       the transaction (unit, txid, base -> target, epoch, members)
-    journal/records.bin   verified records, each a protocol RECORD header (+ its decoded
-                          payload inline, for journals written before data.bin existed)
-    journal/data.bin      the payloads of records flagged FLAG_DATA, each at the next
-                          4 KiB-aligned position, so apply can reflink them into the image
+    journal/tx.json       the transaction (unit, txid, base -> target, epoch, members,
+                          journal_format)
+    journal/records.bin   verified records in arrival order. Format 2 (``ENTRY``): a protocol
+                          RECORD header, the record's plan index and its payload's position in
+                          data.bin. Format 1 (journals of older releases, replayed only): a
+                          RECORD header (+ its payload inline, older still), positions implied
+    journal/data.bin      the payloads of records flagged FLAG_DATA, each at a 4 KiB-aligned
+                          position, so apply can reflink them into the image
     journal/staging/      new images of members that have no base (written in place)
     journal/commit.json   the commit marker: once it exists the transaction is applied,
                           by this process or by replay at the next contact
     journal/prepared.json the vote of a two-phase transaction (a volume group spanning
                           storage nodes): complete and durable, applied only when the
                           sender brings the round's decision (``decide``), never replayed
+
+Records of a striped transaction arrive from several channels in any order, each
+carrying its plan index; the journal keeps every valid one (``scan`` drops a record whose
+payload did not land, not the ones after it) and rebuilds the manifest chain in plan order
+as the indices fill in (``chain``: the chain of the contiguous prefix 0..n-1).
 
 Large payloads are written once: a payload goes to data.bin, and apply remaps those
 blocks into the image with FICLONERANGE (metadata only). Apply copies them instead
@@ -26,6 +34,7 @@ import collections
 import errno
 import os
 import shutil
+import struct
 import threading
 from pathlib import Path
 
@@ -38,6 +47,9 @@ from .faults import failpoint
 from .layout import PoolLayout, check_id
 from .protocol import CODEC_RAW, CODEC_ZERO, RECORD, ManifestChain, RecordHeader
 
+FORMAT = 2
+# member u16 | codec u8 | flags u8 | offset u64 | length u32 | checksum u64 | index u32 | data pos u64
+ENTRY = struct.Struct(">HBBQIQIQ")
 FLAG_DIRECT = 0x1   # payload was written straight into a staging image
 FLAG_DATA = 0x2     # payload is in data.bin at the running aligned position
 ALIGN = 4096
@@ -184,6 +196,38 @@ class _Cloner:
         self.copied += length
 
 
+class _Index:
+    """The plan indices a journal holds, and the manifest chain of their contiguous prefix.
+
+    ``entries`` maps index -> manifest entry; the chain advances as the prefix fills in, so a
+    stream in plan order costs one chain step per record, as before, and a striped one the
+    same in all (a record waits in ``entries`` until those before it arrived)."""
+
+    __slots__ = ("entries", "chain")
+
+    def __init__(self):
+        self.entries: dict[int, tuple] = {}
+        self.chain = ManifestChain()
+
+    def add(self, index: int, entry: tuple) -> bool:
+        """Record an index; False if it was already there (a record sent twice: same content)."""
+        if index in self.entries:
+            return False
+        self.entries[index] = entry
+        chain, entries = self.chain, self.entries
+        while chain.count in entries:
+            chain.update(*entries[chain.count])
+        return True
+
+    @property
+    def contiguous(self) -> int:
+        return self.chain.count
+
+    def complete(self, count: int) -> bool:
+        """Exactly the indices 0..count-1 (the chain then covers them all, in plan order)."""
+        return self.chain.count == count == len(self.entries)
+
+
 class Journal:
     def __init__(self, layout: PoolLayout, unit_id: str):
         self.layout = layout
@@ -196,7 +240,17 @@ class Journal:
         self._staging_fds: dict[int, int] = {}
         self._writer = _Writer()
         self._unflushed = 0     # payload bytes journaled since the record headers last left our buffer
-        self.chain = ManifestChain()
+        self._lock = threading.Lock()   # stripes append from threads of their own
+        self.index = _Index()
+
+    @property
+    def chain(self) -> ManifestChain:
+        """The manifest chain of the records 0..n-1 held (n = chain.count)."""
+        return self.index.chain
+
+    def durable(self) -> list[int]:
+        """The plan indices held (after scan: the ones that survived)."""
+        return list(self.index.entries)
 
     # -- paths
     @property
@@ -227,6 +281,10 @@ class Journal:
             check_id(m["volume_id"], "volume id")
         return True
 
+    @property
+    def format(self) -> int:
+        return int(self.tx.get("journal_format") or 1)
+
     def committed(self) -> bool:
         doc = store.read_doc(self.commit_path)
         return bool(doc) and doc.get("txid") == self.tx.get("txid")
@@ -243,6 +301,7 @@ class Journal:
     def create(self, tx: dict) -> None:
         """Start a fresh journal for *tx* (any previous uncommitted one is dropped)."""
         self.discard()
+        tx = dict(tx, journal_format=FORMAT)
         (self.dir / "staging").mkdir(parents=True)
         for m in tx["members"]:
             if m["fresh"]:
@@ -256,7 +315,7 @@ class Journal:
         store.write_doc(self.dir / "tx.json", tx)   # last: tx.json marks the journal complete
         store.fsync_dir(self.dir.parent)
         self.tx = tx
-        self.chain = ManifestChain()
+        self.index = _Index()
         self._data_pos = 0
 
     def discard(self) -> None:
@@ -292,79 +351,95 @@ class Journal:
             self._data_fd = os.open(self.data_path, os.O_RDWR | os.O_CREAT, 0o600)
         return self._data_fd
 
-    def scan(self) -> int:
-        """Verify the journaled records, cut a torn or corrupt tail, and rebuild the chain.
+    def _landed(self, member: int, codec: int, flags: int, offset: int, length: int, checksum: int,
+                pos: int) -> bool:
+        """Whether a journaled record's payload is all there (zero records carry none)."""
+        if codec == CODEC_ZERO:
+            return True
+        fd = self._staging_fd(member) if flags & FLAG_DIRECT else self._data()
+        data = os.pread(fd, length, offset if flags & FLAG_DIRECT else pos)
+        return len(data) == length and protocol.payload_checksum(data) == checksum
 
-        Returns the number of valid records: the sender resumes after them."""
+    def scan(self) -> int:
+        """Verify the journaled records, keep every one whose payload landed, and rebuild
+        the index and chain. A torn tail of records.bin is cut; a record whose payload is
+        missing or corrupt is dropped alone (striped records interleave: the ones after it
+        may be whole). Returns how many records are held. A journal of an older release
+        (format 1) is not resumed: it holds nothing to keep (0)."""
         self.close()
-        self.chain = ManifestChain()
-        good = 0
-        pos = good_pos = 0
+        self.index = _Index()
+        self._data_pos = 0
+        if self.format != FORMAT:
+            return 0
         members = self.tx["members"]
+        keep = bytearray()
         with open(self.records_path, "rb") as f:
-            while True:
-                raw = f.read(RECORD.size)
-                if len(raw) < RECORD.size:
-                    break
-                member, codec, flags, offset, length, checksum = RECORD.unpack(raw)
-                if member >= len(members) or codec not in (CODEC_RAW, CODEC_ZERO):
-                    break
-                hdr = RecordHeader(member, codec, offset, length, checksum)
-                if codec == CODEC_RAW:
-                    if flags & FLAG_DIRECT:
-                        data = os.pread(self._staging_fd(member), length, offset)
-                    elif flags & FLAG_DATA:
-                        data = os.pread(self._data(), length, pos)
-                        pos = _aligned(pos + length)
-                    else:
-                        data = f.read(length)
-                    if len(data) != length or protocol.payload_checksum(data) != checksum:
-                        break
-                self.chain.update(member, hdr.is_zero, offset, length, checksum)
-                good, good_pos = f.tell(), pos
+            raw = f.read()
+        for e in ENTRY.iter_unpack(memoryview(raw)[:len(raw) - len(raw) % ENTRY.size]):
+            member, codec, flags, offset, length, checksum, index, pos = e
+            if member >= len(members) or codec not in (CODEC_RAW, CODEC_ZERO):
+                continue
+            if not self._landed(member, codec, flags, offset, length, checksum, pos):
+                continue
+            if self.index.add(index, (member, codec == CODEC_ZERO, offset, length, checksum)):
+                keep += ENTRY.pack(*e)
+                if flags & FLAG_DATA:
+                    self._data_pos = max(self._data_pos, _aligned(pos + length))
         with open(self.records_path, "r+b") as f:
-            f.truncate(good)
+            f.write(keep)
+            f.truncate(len(keep))
             os.fsync(f.fileno())
-        os.ftruncate(self._data(), good_pos)
+        os.ftruncate(self._data(), self._data_pos)
         os.fsync(self._data())
-        self._data_pos = good_pos
-        return self.chain.count
+        return len(self.index.entries)
 
     def append(self, hdr: RecordHeader, data) -> None:
-        """Journal one verified record (data is the decoded payload, None for zeros)."""
-        if self._records is None:
-            self._records = open(self.records_path, "ab", buffering=_BUF)  # noqa: SIM115 - closed by close()
+        """Journal one verified record (data is the decoded payload, None for zeros). A record
+        without an index (a version 3 stream, in plan order) takes the next one. Safe to call
+        from several threads; a record whose index is already held is dropped (same content)."""
         m = self.tx["members"][hdr.member]
         end = hdr.offset + hdr.length
         if end > m["size"]:
             raise StreamCorrupt(reason=f"record [{hdr.offset}, {end}) beyond image size {m['size']}")
-        flags = 0
+        with self._lock:
+            index = hdr.index if hdr.index >= 0 else len(self.index.entries)
+            if not self.index.add(index, (hdr.member, data is None, hdr.offset, hdr.length, hdr.checksum)):
+                return
+            flags, pos = self._place(hdr, m, data)
+            if self._records is None:
+                self._records = open(self.records_path, "ab", buffering=_BUF)  # noqa: SIM115 - closed by close()
+            codec = CODEC_ZERO if data is None else CODEC_RAW
+            self._records.write(ENTRY.pack(hdr.member, codec, flags, hdr.offset, hdr.length, hdr.checksum,
+                                           index, pos))
+            # the payloads go straight to the kernel; hand it the headers too about every _BUF of
+            # payload, or a killed receiver loses its whole index and the next attempt cannot resume
+            self._unflushed += hdr.length
+            if self._unflushed >= _BUF:
+                self._records.flush()
+                self._unflushed = 0
+
+    def _place(self, hdr: RecordHeader, m: dict, data) -> tuple[int, int]:
+        """Queue the payload's write; returns (flags, data.bin position)."""
         if m["fresh"]:
-            flags = FLAG_DIRECT
             fd = self._staging_fd(hdr.member)
             if data is None:
                 self._writer.punch(fd, hdr.offset, hdr.length)
             else:
                 self._writer.write(fd, data, hdr.offset)
-        elif data is not None:
-            flags = FLAG_DATA
-            self._writer.write(self._data(), data, self._data_pos)
-            self._data_pos = _aligned(self._data_pos + hdr.length)
-        codec = CODEC_ZERO if data is None else CODEC_RAW
-        self._records.write(RECORD.pack(hdr.member, codec, flags, hdr.offset, hdr.length, hdr.checksum))
-        self.chain.update(hdr.member, data is None, hdr.offset, hdr.length, hdr.checksum)
-        # the payloads go straight to the kernel; hand it the headers too about every _BUF of
-        # payload, or a killed receiver loses its whole index and the next attempt cannot resume
-        self._unflushed += hdr.length
-        if self._unflushed >= _BUF:
-            self._records.flush()
-            self._unflushed = 0
+            return FLAG_DIRECT, 0
+        if data is None:
+            return 0, 0
+        pos = self._data_pos
+        self._writer.write(self._data(), data, pos)
+        self._data_pos = _aligned(pos + hdr.length)
+        return FLAG_DATA, pos
 
     def sync(self) -> None:
         self._writer.drain()
-        if self._records is not None:
-            self._records.flush()
-            os.fsync(self._records.fileno())
+        with self._lock:
+            if self._records is not None:
+                self._records.flush()
+                os.fsync(self._records.fileno())
         if self._data_fd is not None:
             os.fsync(self._data_fd)
         for fd in self._staging_fds.values():
@@ -412,24 +487,38 @@ class Journal:
     def _apply_records(self, fds: dict[int, int], cloner: _Cloner) -> None:
         """Every journaled record into its image (fresh members' are in staging already)."""
         wb = _Writeback()
-        pos = 0
+        for member, codec, flags, offset, length, pos, inline in self._entries():
+            if flags & FLAG_DIRECT:
+                continue
+            if codec == CODEC_ZERO:
+                punch_hole(fds[member], offset, length)
+            elif flags & FLAG_DATA:
+                cloner.copy(self._data(), pos, fds[member], offset, length, wb)
+                failpoint("receiver.mid_apply")   # the image now holds a mix
+            else:
+                os.pwrite(fds[member], inline, offset)
+                wb.wrote(fds[member], length)
+
+    def _entries(self):
+        """(member, codec, flags, offset, length, data.bin position, inline payload) of each
+        journaled record, in either format."""
         with open(self.records_path, "rb", buffering=_BUF) as f:
-            while True:
-                raw = f.read(RECORD.size)
-                if len(raw) < RECORD.size:
-                    break
+            if self.format == FORMAT:
+                while len(raw := f.read(ENTRY.size)) == ENTRY.size:
+                    member, codec, flags, offset, length, _ck, _index, pos = ENTRY.unpack(raw)
+                    yield member, codec, flags, offset, length, pos, None
+                return
+            pos = 0      # format 1: positions follow from the order
+            while len(raw := f.read(RECORD.size)) == RECORD.size:
                 member, codec, flags, offset, length, _ck = RECORD.unpack(raw)
-                if flags & FLAG_DIRECT:
-                    continue
-                if codec == CODEC_ZERO:
-                    punch_hole(fds[member], offset, length)
-                elif flags & FLAG_DATA:
-                    cloner.copy(self._data(), pos, fds[member], offset, length, wb)
-                    pos = _aligned(pos + length)
-                    failpoint("receiver.mid_apply")   # the image now holds a mix
+                inline = None
+                if flags & FLAG_DATA:
+                    at, pos = pos, _aligned(pos + length)
                 else:
-                    os.pwrite(fds[member], f.read(length), offset)
-                    wb.wrote(fds[member], length)
+                    at = 0
+                    if codec != CODEC_ZERO and not flags & FLAG_DIRECT:
+                        inline = f.read(length)
+                yield member, codec, flags, offset, length, at, inline
 
     def _install_staged(self, members) -> None:
         """Fresh members' staging images become the pool's images (renamed, durable)."""

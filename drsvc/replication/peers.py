@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from ..config import PeerConfig, SiteConfig
 from ..errors import ConfigInvalid
-from ..transport import Peer
+from ..transport import LinkHints, Peer
 
 
 def _ssh(p: PeerConfig) -> Peer:
@@ -33,7 +33,15 @@ def connect(p: PeerConfig) -> Peer:
     build = TRANSPORTS.get(p.transport)
     if build is None:
         raise ConfigInvalid(where=f"peer {p.name}", reason=f"unknown transport {p.transport!r}; known: {sorted(TRANSPORTS)}")
-    return build(p)
+    peer = build(p)
+    peer.link = link_of(p)
+    return peer
+
+
+def link_of(p: PeerConfig) -> LinkHints:
+    """The striping hints of a [peers.<name>] table."""
+    return LinkHints(rate=p.link_rate, window=p.window, connections=p.connections, max_stripes=p.max_stripes,
+                     stripes=p.stripes)
 
 
 class PeerFactory:

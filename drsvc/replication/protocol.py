@@ -19,17 +19,22 @@ from ..errors import DrsvcError, RemoteError, StreamCorrupt, UnsupportedVersion
 MAGIC = b"DR"
 # 2: the `serve` verb (a warm receiver answers many requests, each a `request`
 #    control message naming an allowlisted verb); a v1 peer is refused.
-VERSION = 3            # 3: two-phase transactions (prepared / decide) for groups spanning nodes
-SUPPORTED_VERSIONS = (3,)
+# 3: two-phase transactions (prepared / decide) for groups spanning nodes
+# 4: striped transactions (records carry their plan index, `stripe` channels hand their stream to
+#    the transaction's receiver) and the one-flight transaction (`begin` with an expectation)
+VERSION = 4
+SUPPORTED_VERSIONS = (3, 4)
 
 FRAME = struct.Struct(">2sBBI")
 T_CONTROL = 1
 T_RECORD = 2
 T_HASHES = 3
-_TYPES = {T_CONTROL, T_RECORD, T_HASHES}
+T_IRECORD = 4          # version 4: a record frame whose body starts with its plan index (u32)
+_TYPES = {T_CONTROL, T_RECORD, T_HASHES, T_IRECORD}
 
 # member u16 | codec u8 | flags u8 | offset u64 | length u32 | checksum u64
 RECORD = struct.Struct(">HBBQIQ")
+INDEX = struct.Struct(">I")
 CODEC_RAW = 0
 CODEC_ZSTD = 1
 CODEC_ZERO = 2
@@ -54,6 +59,7 @@ class RecordHeader:
     offset: int
     length: int
     checksum: int
+    index: int = -1        # the record's place in the plan (version 4); -1: implied by arrival order
 
     @property
     def is_zero(self) -> bool:
@@ -77,14 +83,18 @@ def encode_control(msg: dict) -> bytes:
 
 
 def encode_record_header(member: int, codec: int, offset: int, length: int,
-                         checksum: int, payload_len: int) -> bytes:
-    """Frame header + record header; the payload follows as separate bytes."""
-    return (frame_header(T_RECORD, RECORD.size + payload_len)
+                         checksum: int, payload_len: int, index: int | None = None) -> bytes:
+    """Frame header + record header; the payload follows as separate bytes. With *index*
+    (version 4) the frame is an indexed record: the plan index leads the body."""
+    if index is None:
+        return (frame_header(T_RECORD, RECORD.size + payload_len)
+                + RECORD.pack(member, codec, 0, offset, length, checksum))
+    return (frame_header(T_IRECORD, INDEX.size + RECORD.size + payload_len) + INDEX.pack(index)
             + RECORD.pack(member, codec, 0, offset, length, checksum))
 
 
-def encode_record(member, codec, offset, length, checksum, payload=b"") -> bytes:
-    return encode_record_header(member, codec, offset, length, checksum, len(payload)) + bytes(payload)
+def encode_record(member, codec, offset, length, checksum, payload=b"", index: int | None = None) -> bytes:
+    return encode_record_header(member, codec, offset, length, checksum, len(payload), index) + bytes(payload)
 
 
 def encode_hashes(first_block: int, digests: bytes) -> bytes:
@@ -145,11 +155,17 @@ def parse_control(body) -> dict:
     return msg
 
 
-def parse_record(body) -> tuple[RecordHeader, memoryview]:
-    if len(body) < RECORD.size:
+def parse_record(body, indexed: bool = False) -> tuple[RecordHeader, memoryview]:
+    """A record frame's header and payload; *indexed*: a T_IRECORD body (its index first)."""
+    index, at = -1, 0
+    if indexed:
+        if len(body) < INDEX.size:
+            raise StreamCorrupt(reason="truncated record index")
+        (index,), at = INDEX.unpack_from(body), INDEX.size
+    if len(body) < at + RECORD.size:
         raise StreamCorrupt(reason="truncated record header")
-    member, codec, _flags, offset, length, checksum = RECORD.unpack_from(body)
-    payload = memoryview(body)[RECORD.size:]
+    member, codec, _flags, offset, length, checksum = RECORD.unpack_from(body, at)
+    payload = memoryview(body)[at + RECORD.size:]
     if codec == CODEC_ZERO:
         if len(payload) or not 0 < length <= MAX_ZERO_RECORD:
             raise StreamCorrupt(reason="bad zero record")
@@ -161,7 +177,7 @@ def parse_record(body) -> tuple[RecordHeader, memoryview]:
             raise StreamCorrupt(reason="bad zstd record")
     else:
         raise StreamCorrupt(reason=f"unknown codec {codec}")
-    return RecordHeader(member, codec, offset, length, checksum), payload
+    return RecordHeader(member, codec, offset, length, checksum, index), payload
 
 
 def parse_hashes(body) -> tuple[int, bytes]:
@@ -213,12 +229,39 @@ class ManifestChain:
         return self.value.hex()
 
 
+# -- sets of plan indices (a striped transaction's resume handshake) -----------
+def to_ranges(indices) -> list[list[int]]:
+    """Sorted distinct indices as [[first, last], ...] (inclusive), compact on the wire."""
+    out: list[list[int]] = []
+    for i in sorted(set(indices)):
+        if out and out[-1][1] == i - 1:
+            out[-1][1] = i
+        else:
+            out.append([i, i])
+    return out
+
+
+def from_ranges(ranges, limit: int) -> set[int]:
+    """The indices [[first, last], ...] names, each checked against 0 <= i < limit."""
+    out: set[int] = set()
+    try:
+        for first, last in ranges or ():
+            first, last = int(first), int(last)
+            if not 0 <= first <= last < limit:
+                raise StreamCorrupt(reason=f"index range {first}..{last} outside 0..{limit - 1}")
+            out.update(range(first, last + 1))
+    except (TypeError, ValueError):
+        raise StreamCorrupt(reason="bad index ranges") from None
+    return out
+
+
 class FrameReader:
     """Reads frames from ``recv(n)`` (returns up to n bytes, b"" at EOF)."""
 
     def __init__(self, recv, on_eof=None):
         self._recv = recv
         self._on_eof = on_eof   # the sender maps a vanished receiver to PeerUnreachable
+        self.source = None      # the receiver's Input, when a stripe may hand it on
 
     def read_exact(self, n: int, *, eof_ok: bool = False):
         chunks = []

@@ -10,6 +10,9 @@ command; the verb comes from SSH_ORIGINAL_COMMAND (or argv for local use):
     status UNIT                     replica state (recovers an unfinished journal first)
     apply                           a conversation: status / hashes requests, then one
                                     delta transaction (begin, records, commit)
+    stripe TOKEN INDEX              carry one stripe of a striped transaction: this channel's
+                                    stream is handed to the transaction's receiver
+                                    (``replication.handoff``) until the stripe's end
     hashes UNIT BLOCK_SIZE VOL...   block hash maps of replica images
     snaphashes UNIT GENERATION      block hash maps of the acked snapshot (drsvc.replication.content)
     release UNIT [keep-image|delete-image]
@@ -36,6 +39,28 @@ from .layout import PoolLayout
 from .protocol import T_CONTROL, FrameReader
 
 _IO_BUF = 1 << 20
+
+
+class Input:
+    """The channel's input, read ahead in blocks of _IO_BUF (``recv(n)``: up to n bytes). The
+    bytes read ahead can be taken (``take_ahead``): a ``stripe`` request hands them, with the
+    descriptor, to the transaction's receiver."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.buf = memoryview(b"")
+
+    def recv(self, n: int) -> bytes:
+        if not self.buf:
+            if n >= _IO_BUF:
+                return os.read(self.fd, n)
+            self.buf = memoryview(os.read(self.fd, _IO_BUF))
+        part, self.buf = self.buf[:n], self.buf[n:]
+        return part
+
+    def take_ahead(self) -> bytes:
+        ahead, self.buf = bytes(self.buf), memoryview(b"")
+        return ahead
 
 
 class Out:
@@ -68,7 +93,9 @@ class Verb:
 
 
 def hello(layout: PoolLayout, reader: FrameReader, out: Out, args: list[str]) -> None:
-    out.control({"type": "hello", "version": protocol.VERSION,
+    # `version` is the oldest spoken: a version 3 sender accepts no other in a greeting, and
+    # picks 3; a newer one reads `versions` and speaks the highest both list
+    out.control({"type": "hello", "version": min(protocol.SUPPORTED_VERSIONS),
                  "versions": list(protocol.SUPPORTED_VERSIONS), "verbs": sorted(VERBS)})
 
 
@@ -101,6 +128,7 @@ VERBS: dict[str, Verb] = {
     "serve": Verb(serve, 0, 0),
     "status": Verb(verbs.status, 1, 1),
     "apply": Verb(verbs.apply, 0, 0),
+    "stripe": Verb(verbs.stripe, 2, 2),
     "hashes": Verb(verbs.hashes, 2, 4096),
     "snaphashes": Verb(verbs.snapshot_hashes, 2, 2),
     "release": Verb(verbs.release, 1, 2),
@@ -138,14 +166,15 @@ def main(argv=None) -> int:
     if opts.connect:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(opts.connect)
-        rfile = sock.makefile("rb", buffering=_IO_BUF)
+        source = Input(sock.fileno())
         out = Out(sock=sock)
     else:
         _widen_pipe(0)
-        rfile = open(0, "rb", buffering=_IO_BUF, closefd=False)  # noqa: SIM115 - lives as long as the process
+        source = Input(0)
         out = Out(1)
     words = opts.command or os.environ.get("SSH_ORIGINAL_COMMAND", "").split()
-    reader = FrameReader(rfile.read)
+    reader = FrameReader(source.recv)
+    reader.source = source      # a `stripe` request hands its descriptor and read-ahead on
     try:
         verb, args = parse_command(words)
         VERBS[verb].handler(PoolLayout(opts.pool), reader, out, args)

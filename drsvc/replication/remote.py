@@ -10,17 +10,19 @@ hello and release are idempotent, and a transaction resumes by its handshake.
 """
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from pathlib import Path
 
 from ..errors import DrsvcError, PeerUnreachable, StreamCorrupt
-from ..transport import LimitedChannel, TokenBucket
+from ..transport import LimitedChannel
+from ..transport.bandwidth import Bandwidth
 from . import protocol
 from .blockmap import BlockMap
 from .protocol import T_CONTROL, T_HASHES, FrameReader
 
-MAX_IDLE = 4            # warm receivers kept per peer session
+MAX_IDLE = 8            # warm receivers kept per peer session (a master and its stripes)
 IDLE_TTL = 600.0        # seconds a warm receiver may wait unused
 
 _LOCK = threading.Lock()
@@ -78,23 +80,28 @@ class Lease:
         self.reused = False
         if self.key is None:
             self.chan = peer.open(verb, *args)
+            self.version = protocol.VERSION     # a receiver started for us, from this release
         else:
             chan = None if fresh else _take(self.key)
             if chan is None:
                 chan = peer.open("serve")
                 try:
-                    protocol.check_greeting(_first_control(peer, chan))
+                    hello = protocol.check_greeting(_first_control(peer, chan))
                 except BaseException:
                     chan.close()
                     raise
+                # the conversation's version: the highest both speak (a v3 peer lists only 3)
+                chan.drsvc_version = max(set(hello.get("versions") or [hello["version"]])
+                                         & set(protocol.SUPPORTED_VERSIONS))
             else:
                 self.reused = True
             self.chan = chan
+            self.version = getattr(chan, "drsvc_version", protocol.VERSION)
         self.start = self.chan.bytes_sent
         if self.key is not None:
             try:
                 self.chan.send(protocol.encode_control(
-                    {"type": "request", "verb": verb, "args": list(args), "version": protocol.VERSION}))
+                    {"type": "request", "verb": verb, "args": list(args), "version": self.version}))
             except BaseException:
                 self.chan.close()
                 raise
@@ -149,6 +156,14 @@ def _call(peer, verb: str, *args: str, expect: str) -> dict:
 
 def hello(peer) -> dict:
     return _call(peer, "hello", expect="hello")
+
+
+def warm(peer) -> dict:
+    """Leave a greeted receiver warm on the peer's connection and its RTT measured (a worker
+    does it when it starts, so its first sync or a Demote's final sync opens no login)."""
+    msg = hello(peer)
+    peer.rtt()
+    return msg
 
 
 def peer_status(peer, unit_id: str) -> dict:
@@ -206,21 +221,40 @@ class ApplySession:
     no transaction is open when it closes. The first status exchange is retried
     once on a fresh channel when a reused one turns out dead."""
 
-    def __init__(self, peer, unit_id: str, *, bwlimit: float | None = None):
-        self.peer, self.unit_id, self.bwlimit = peer, unit_id, bwlimit
+    peer = None
+    round_trips = 0          # replies waited for (a request's answer), for the report
+    channels_opened = 0      # fresh receivers started (each a few round trips over SSH)
+
+    def __init__(self, peer, unit_id: str, *, bandwidth: Bandwidth | None = None):
+        self.peer, self.unit_id = peer, unit_id
+        # the one limiter every byte of this session goes through, on every stripe
+        self.limiter = bandwidth
+        self.round_trips = self.channels_opened = 0
+        self._replies: queue.Queue | None = None
+        self._stripes: list[Stripe] = []
         self._attach(fresh=False)
 
     def _attach(self, *, fresh: bool) -> None:
         self.lease = Lease(self.peer, "apply", fresh=fresh)
+        self.channels_opened += 0 if self.lease.reused or not self.lease.serving else 1
         self.raw = self.lease.chan
-        self.chan = LimitedChannel(self.raw, TokenBucket(self.bwlimit)) if self.bwlimit else self.raw
+        self.chan = self.limited(self.raw)
         self.reader = reader_for(self.peer, self.chan)
         self._clean, self._in_tx, self._pending = True, False, 0
         self._talked = False      # anything beyond the first status exchange
 
+    def limited(self, chan):
+        """*chan* behind the session's limiter (every stripe shares the one object)."""
+        return LimitedChannel(chan, self.limiter) if self.limiter is not None else chan
+
+    @property
+    def version(self) -> int:
+        """The protocol version of this conversation (3 with a peer not yet upgraded)."""
+        return self.lease.version
+
     @property
     def bytes_sent(self) -> int:
-        return self.raw.bytes_sent - self.lease.start
+        return self.raw.bytes_sent - self.lease.start + sum(s.bytes_sent for s in self._stripes)
 
     def _retry_fresh(self) -> bool:
         """After a failure of the first exchange on a reused channel: start over on a fresh one."""
@@ -245,7 +279,8 @@ class ApplySession:
             self._clean = False
             raise
 
-    def _read(self, expect: str) -> dict:
+    def _read(self, expect: str | None) -> dict:
+        self.round_trips += 1
         try:
             return self.reader.control(expect)
         except BaseException:
@@ -295,19 +330,64 @@ class ApplySession:
             self._clean = False
             raise
 
-    def begin(self, tx: dict) -> dict:
+    def begin(self, tx: dict, *, one_flight: bool = False) -> dict | None:
+        """Open the transaction. Its ``ready`` is read (one round trip), unless *one_flight*
+        (version 4): then nothing is waited for, and :meth:`watch` reads the one answer."""
         self._talked = self._in_tx = True
-        self.send_control(dict(tx, type="begin", unit=self.unit_id, version=protocol.VERSION))
-        return self._read("ready")
+        self.send_control(dict(tx, type="begin", unit=self.unit_id, version=self.version,
+                               **({"one_flight": True} if one_flight else {})))
+        return None if one_flight else self._read("ready")
+
+    def watch(self) -> threading.Event:
+        """Read the transaction's one answer on a thread (it may come before the trailer is
+        sent: a refusal); the event is set when it came."""
+        self._replies, came = queue.Queue(), threading.Event()
+
+        def run():
+            try:
+                msg = self.reader.control()
+            except BaseException as e:  # noqa: BLE001 - handed to answer()
+                msg = e
+            self._replies.put(msg)
+            came.set()
+        threading.Thread(target=run, name=f"drsvc-replies-{self.unit_id}", daemon=True).start()
+        self.round_trips += 1
+        return came
+
+    def answer(self, expect: str | None = None) -> dict:
+        """The answer :meth:`watch` read (waiting for it): ``committed``, ``prepared`` or
+        ``refused``; a peer's error is raised typed."""
+        msg, self._replies = self._replies.get(), None
+        if isinstance(msg, BaseException):
+            self._clean = False
+            raise msg
+        if msg["type"] == "refused":
+            self._in_tx = False
+        elif expect and msg["type"] != expect:
+            self._clean = False
+            raise StreamCorrupt(reason=f"expected {expect!r}, got {msg['type']!r}")
+        return msg
+
+    def open_stripes(self, token: str, count: int) -> list[Stripe]:
+        """The stripe channels of this session's transaction, behind the session's limiter."""
+        stripes = open_stripes(self.peer, token, count, self.limited, self.peer.link.connections)
+        self.channels_opened += sum(1 for s in stripes if s.fresh)
+        self._stripes = stripes
+        return stripes
+
+    def abort(self) -> None:
+        """End a refused one-flight transaction's frames (the receiver drops them)."""
+        self.send_control({"type": "abort"})
 
     def restart(self) -> dict:
         self.send_control({"type": "restart"})
         return self._read("ready")
 
     def commit(self, records: int, manifest: str, *, expect: str = "committed") -> dict:
-        """The trailer; a two-phase transaction's answer is ``prepared`` (its vote)."""
+        """The trailer; a two-phase transaction's answer is ``prepared`` (its vote). When a
+        watcher reads the answer (one flight), it is taken from there."""
         self.send_control({"type": "commit", "records": records, "manifest": manifest})
-        reply = self._read(expect)
+        reply = self.answer(expect) if self._replies is not None else self._read(expect)
         self._in_tx = False
         return reply
 
@@ -327,3 +407,69 @@ class ApplySession:
         except DrsvcError:
             clean = False
         self.lease.release(clean)
+
+
+class Stripe:
+    """One stripe channel of a transaction, behind the session's limiter."""
+
+    def __init__(self, peer, token: str, index: int, limited):
+        self.index = index
+        self.lease = Lease(peer, "stripe", token, str(index))
+        self.chan = limited(self.lease.chan)
+        self.reader = reader_for(peer, self.chan)
+        self.ok = False
+
+    @property
+    def fresh(self) -> bool:
+        return self.lease.serving and not self.lease.reused
+
+    @property
+    def bytes_sent(self) -> int:
+        return self.lease.chan.bytes_sent - self.lease.start
+
+    def send(self, data) -> None:
+        self.chan.send(data)
+
+    def end(self) -> None:
+        """The stripe's last frame: the master stops reading this channel there."""
+        self.chan.send(protocol.encode_control({"type": "end"}))
+        self.lease.end_input()
+
+    def finish(self) -> None:
+        """Read the stripe process's ``stripe-done`` (it came before the master's answer) and
+        put the channel back warm; a stripe that failed is closed instead."""
+        try:
+            self.reader.control("stripe-done")
+            self.ok = True
+        except DrsvcError:
+            self.ok = False
+        self.lease.release(self.ok)
+
+    def close(self) -> None:
+        self.lease.release(False)
+
+
+def open_stripes(peer, token: str, count: int, limited, connections: int) -> list[Stripe]:
+    """Open *count* stripe channels (in parallel: a cold one costs a few round trips), dealt
+    over *connections* of the peer; the master is on connection 0."""
+    lanes = max(1, connections)
+    out: list[Stripe | None] = [None] * count
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        try:
+            out[i] = Stripe(peer.lane((i + 1) % lanes), token, i, limited)
+        except BaseException as e:  # noqa: BLE001 - raised below
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        for s in out:
+            if s is not None:
+                s.close()
+        raise errors[0]
+    return out

@@ -28,6 +28,9 @@ class SyncReport:
     phases: dict = field(default_factory=dict)   # seconds per phase (connect_s, freeze_s, ...)
     attempts: list = field(default_factory=list)  # [{"steps": [...], "error": str | None}] per plan
     txid: str | None = None
+    stripes: int = 1                 # channels the generation's records went over
+    round_trips: int = 0             # replies waited for (each a round trip), every attempt
+    channels_opened: int = 0         # fresh receivers started (a few round trips each over SSH)
 
     @property
     def throughput(self) -> float:

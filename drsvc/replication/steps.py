@@ -18,8 +18,9 @@ import uuid
 
 from .. import store
 from ..errors import RoundAborted
+from ..transport.bandwidth import rate_of
 from . import health
-from .driver import Attempt
+from .driver import Attempt, Refused
 from .faults import failpoint
 from .generation import Prepared
 from .prepare import prepare
@@ -155,7 +156,13 @@ class Ship(Step):
         try:
             stream(a.session, prepared, a.report, unit_id=j.unit_id, epoch=j.epoch, demote=j.demote,
                    kind=a.st.kind, compress=j.compress, origin=j.origin,
-                   progress_path=health.progress_path(j.layout.root, j.unit_id), two_phase=j.cut is not None)
+                   progress_path=health.progress_path(j.layout.root, j.unit_id), two_phase=j.cut is not None,
+                   one_flight=a.one_flight, link=j.link, bwlimit=rate_of(j.bandwidth))
+        except Refused:
+            # refused before the peer journaled anything: the generation is not there. It is as
+            # fresh as an early capture, and planned for as one (dropped unless a step takes it)
+            a.early, a.prepared = prepared, None
+            raise
         except BaseException:
             if j.cut is not None:
                 j.cut.fail(rid)      # the others need not wait for a vote that will not come

@@ -11,12 +11,17 @@ import logging
 import os
 import time
 
-from ..errors import ReplicationConflict
-from .delta import AdaptiveCodec, manifest_of, stream_records
-from .driver import Session
+from ..errors import ReplicationConflict, StreamCorrupt
+from ..transport import LinkHints
+from . import handoff, protocol
+from .delta import manifest_of, stream_records
+from .driver import Refused, Session
 from .generation import Prepared
 from .progress import Progress
 from .report import SyncReport
+from .striping import stripe_count
+
+RTT_WAIT = 2.0     # seconds a large transaction waits for the connection's first RTT measurement
 
 log = logging.getLogger(__name__)
 
@@ -36,41 +41,110 @@ def transaction(meta: dict, *, kind: str, epoch: int, demote: bool, origin: dict
 
 def stream(session: Session, prepared: Prepared, report: SyncReport, *, unit_id: str, epoch: int,
            demote: bool, kind: str, compress: str, origin: dict | None = None, progress_path=None,
-           two_phase: bool = False) -> None:
+           two_phase: bool = False, one_flight: bool = False, link: LinkHints | None = None,
+           bwlimit: float | None = None) -> None:
     """Send the prepared generation and its trailer. two_phase: the peer only prepares it
-    (votes) and waits for the round's decision (``Session.decide``)."""
+    (votes) and waits for the round's decision (``Session.decide``). one_flight (protocol 4,
+    a fresh generation): no ``ready`` is waited for; a peer not as expected answers
+    ``refused`` and :class:`Refused` carries its status to the driver. A large generation
+    over a long path is striped (``striping.stripe_count``)."""
     meta = prepared.meta
-    plan_path = prepared.dir / "plan.bin"
     t0 = time.monotonic()
-    ready = session.begin(transaction(meta, kind=kind, epoch=epoch, demote=demote, origin=origin,
-                                      two_phase=two_phase))
-    skip = int(ready.get("resume_records") or 0)
-    if skip and (skip > meta["records"] or manifest_of(plan_path, skip).hexdigest() != ready.get("manifest")):
-        log.warning("peer journal of %s does not match our plan; restarting it", unit_id)
-        session.restart()
-        skip = 0
+    v4 = session.version >= 4
+    tx = transaction(meta, kind=kind, epoch=epoch, demote=demote, origin=origin, two_phase=two_phase)
+    n = _stripe_count(session, meta, link or session.peer.link, bwlimit) if v4 else 1
+    token = handoff.new_token() if n > 1 else None
+    if token:
+        tx["stripes"] = {"token": token, "count": n - 1}
+    one_flight = one_flight and v4
+    skip, held = _begin(session, tx, prepared, unit_id, one_flight)
+    stripes = session.open_stripes(token, n - 1) if token else []
+    came = session.watch() if one_flight else None
+    try:
+        sent, chain = _send_records(session, prepared, stripes, skip, held, v4, came, compress, progress_path,
+                                    unit_id)
+        expect = "prepared" if two_phase else "committed"
+        t_sent = time.monotonic()
+        if came is not None and came.is_set():      # answered before the trailer: refused, or an error
+            reply = session.answer(expect)
+            session.abort()
+        else:
+            reply = session.commit(chain.count, chain.hexdigest(), expect=expect)
+    except BaseException:
+        for s in stripes:
+            s.close()
+        raise
+    for s in stripes:
+        s.finish()
+    if reply["type"] == "refused":
+        raise Refused(reply.get("status") or {}, reply.get("error"))
+    if reply.get("txid") != meta["txid"] or reply.get("target" if two_phase else "generation") != meta["generation"]:
+        raise ReplicationConflict(unit_id=unit_id, reason=f"peer committed {reply}, expected {meta['txid']}")
+    t_end = time.monotonic()
+    report.phases["stream_s"] = round(t_end - t0, 4)
+    # of which: the records out (the last one handed to the channels), and the wait for the answer
+    report.phases["send_s"], report.phases["answer_s"] = round(t_sent - t0, 4), round(t_end - t_sent, 4)
+    for k in ("sync_s", "apply_s"):          # the peer's commit, inside stream_s
+        if isinstance(reply.get(k), (int, float)):
+            report.phases[f"peer_{k}"] = reply[k]
+    report.stripes = n
+    _report_generation(report, meta, sent, two_phase)
+    report.bytes_on_wire = session.bytes_sent   # the whole conversation, control included
+
+
+def _stripe_count(session: Session, meta: dict, link: LinkHints, bwlimit: float | None) -> int:
+    planned = int(meta["changed"])
+    if not link.stripes and planned <= link.window:
+        return 1        # never waits for an RTT measurement when one channel will do
+    return stripe_count(planned, rtt=session.peer.rtt(wait=RTT_WAIT), link=link, bwlimit=bwlimit)
+
+
+def _begin(session: Session, tx: dict, prepared: Prepared, unit_id: str, one_flight: bool) -> tuple[int, set]:
+    """Open the transaction; returns what the peer holds already (a resumed journal): the
+    count of a version 3 prefix, or the set of plan indices (version 4)."""
+    ready = session.begin(tx, one_flight=one_flight)
+    if ready is None:
+        return 0, set()
+    meta, plan_path = prepared.meta, prepared.dir / "plan.bin"
+    count = int(ready.get("resume_records") or 0)
+    if not count:
+        return 0, set()
+    if session.version < 4:
+        if count <= meta["records"] and manifest_of(plan_path, count).hexdigest() == ready.get("manifest"):
+            return count, set()
+    else:
+        try:
+            held = protocol.from_ranges(ready.get("held"), meta["records"])
+        except StreamCorrupt:
+            held = None
+        if held is not None and len(held) == count and manifest_of(plan_path, only=held).hexdigest() == ready.get("manifest"):
+            return 0, held
+    log.warning("peer journal of %s does not match our plan; restarting it", unit_id)
+    session.restart()
+    return 0, set()
+
+
+def _send_records(session: Session, prepared: Prepared, stripes, skip: int, held: set, indexed: bool, stop,
+                  compress: str, progress_path, unit_id: str):
+    meta = prepared.meta
     fds = [os.open(prepared.member_file(m), os.O_RDONLY) for m in meta["members"]]
     prog = Progress(progress_path, planned=meta["changed"], generation=meta["generation"]) if progress_path else None
+    writes = [session.send] + [s.send for s in stripes]
+    if prog:
+        writes = [prog.wrap(w) for w in writes]
     try:
-        try:
-            sent, chain = stream_records(plan_path, fds, prog.wrap(session.send) if prog else session.send,
-                                         skip=skip, codec=AdaptiveCodec(compress))
-        except ReplicationConflict as e:
-            raise ReplicationConflict(unit_id=unit_id, reason=e.fields.get("reason", str(e))) from None
+        sent, chain = stream_records(prepared.dir / "plan.bin", fds, writes, skip=skip, held=held,
+                                     indexed=indexed, stop=stop, compress=compress)
+        for s in stripes:
+            s.end()
+        return sent, chain
+    except ReplicationConflict as e:
+        raise ReplicationConflict(unit_id=unit_id, reason=e.fields.get("reason", str(e))) from None
     finally:
         for fd in fds:
             os.close(fd)
         if prog:
             prog.done()
-    reply = session.commit(chain.count, chain.hexdigest(), expect="prepared" if two_phase else "committed")
-    if reply.get("txid") != meta["txid"] or reply.get("target" if two_phase else "generation") != meta["generation"]:
-        raise ReplicationConflict(unit_id=unit_id, reason=f"peer committed {reply}, expected {meta['txid']}")
-    report.phases["stream_s"] = round(time.monotonic() - t0, 4)
-    for k in ("sync_s", "apply_s"):          # the peer's commit, inside stream_s
-        if isinstance(reply.get(k), (int, float)):
-            report.phases[f"peer_{k}"] = reply[k]
-    _report_generation(report, meta, sent, two_phase)
-    report.bytes_on_wire = session.bytes_sent   # the whole conversation, control included
 
 
 def _report_generation(report: SyncReport, meta: dict, sent: int, two_phase: bool) -> None:

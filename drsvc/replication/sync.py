@@ -22,6 +22,8 @@ from collections.abc import Callable
 
 from .. import store
 from ..errors import InvalidParameter, NotPrimary, StaleEpoch
+from ..transport import LinkHints
+from ..transport.bandwidth import Bandwidth, TokenBucket, combine
 from .blockmap import DEFAULT_BLOCK_SIZE, check_block_size
 from .cut import Cut
 from .driver import Attempt, Job, drive
@@ -64,17 +66,25 @@ class SyncPlanner:
                                      tuple(m["volume_id"] for m in a.pending.meta["members"]))
         return plan_steps(reconcile(job.unit_id, a.st.generation, pend, a.peer_st, job.members, job.mode))
 
+    def flight(self, a: Attempt) -> list[Step] | None:
+        """A fresh generation sent without asking first: what ``reconcile`` plans when the
+        peer is at our acked generation, which the transaction's ``begin`` checks there."""
+        if a.pending is not None or a.job.mode != "delta" or a.job.cut is not None:
+            return None
+        return plan_steps(["sync"])
+
 
 def open_apply_session(job: Job) -> ApplySession:
     """The default session opener: one `apply` conversation on a (warm) receiver."""
-    return ApplySession(job.peer, job.unit_id, bwlimit=job.bwlimit)
+    return ApplySession(job.peer, job.unit_id, bandwidth=job.bandwidth)
 
 
 def sync_unit(pool, unit_id: str, members, peer, *, mountpoints=(), epoch: int | None = None,
               demote: bool = False, mode: str = "delta", kind: str | None = None,
               block_size: int | None = None, bwlimit: float | None = None,
               compress: str = "auto", origin: dict | None = None, attempts: int = 1,
-              cut: Cut | None = None, sources: dict | None = None) -> SyncReport:
+              cut: Cut | None = None, bandwidth: Bandwidth | None = None,
+              link: LinkHints | None = None, sources: dict | None = None) -> SyncReport:
     """Replicate one volume or group to *peer* and return the report (also kept in state.json).
 
     members: the volume ids of the unit (one for a volume unit). mountpoints:
@@ -87,6 +97,10 @@ def sync_unit(pool, unit_id: str, members, peer, *, mountpoints=(), epoch: int |
     (``replication.cut``): captures meet the other parts, commits are two-phase.
     sources: volume id -> a file to capture instead of the live image (a CSI snapshot
     shipped as a recovery point, named in ``origin["point"]``).
+    bandwidth: the limiter everything this sync sends goes through (``transport.bandwidth``;
+    the worker's jobs give the unit's and the site's limits in one); bwlimit, bytes per
+    second, adds a bucket of this call's own in front of it.
+    link: striping hints (how many channels a large generation takes; None: ``peer.link``).
     """
     if mode not in MODES:
         raise InvalidParameter(key="mode", reason=f"must be one of {MODES}")
@@ -105,8 +119,8 @@ def sync_unit(pool, unit_id: str, members, peer, *, mountpoints=(), epoch: int |
         st = _primary_state(pool, unit_id, members, kind=kind, epoch=epoch, block_size=block_size)
         report.epoch = epoch = st.epoch if epoch is None else epoch
         job = Job(layout, unit_id, members, peer, mountpoints=tuple(mountpoints), epoch=epoch,
-                  demote=demote, mode=mode, compress=compress, bwlimit=bwlimit, origin=origin, cut=cut,
-                  sources=sources)
+                  demote=demote, mode=mode, compress=compress, origin=origin, cut=cut, link=link,
+                  bandwidth=combine(TokenBucket(bwlimit) if bwlimit else None, bandwidth), sources=sources)
         planner = SyncPlanner(lambda: _primary_state(pool, unit_id, members, kind=kind, epoch=epoch,
                                                      block_size=block_size))
         drive(job, planner, open_apply_session, report, attempts=attempts)

@@ -9,28 +9,41 @@ over; the ``commit`` trailer, once its manifest matches, commits and applies
 (``committed``), or for a two-phase transaction prepares it (``prepared``, the
 vote; ``replica.settle`` carries out the round's decision).
 
-All records land in the one ``Journal`` through :meth:`Transaction.receive`,
-called today on the apply channel's reader.
+All records land in the one ``Journal`` through :meth:`Transaction.receive`: the apply
+channel's own, and (version 4, striped) each stripe channel's, on a thread per stripe
+(``Stripes``, over ``handoff``). Records then carry their plan index; the trailer requires
+exactly 0..count-1 and checks the chain rebuilt in plan order.
+
+A one-flight ``begin`` (version 4: the sender did not ask for the status first) gets no
+``ready``: the records and trailer follow at once, and the answer is ``committed``, or, when
+the replica is not as the sender expected (a refusal of ``validate_begin``), ``refused`` with
+the status, sent as soon as ``begin`` is read; the frames that follow are read and dropped
+up to the trailer or an ``abort``, and the conversation goes on.
 """
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Protocol
 
-from ..errors import (BaseMismatch, ProtocolError, ReplicaIsPrimary, ReplicationConflict, RoundUndecided,
+from ..errors import (BaseMismatch, ImageInUse, PeerUnreachable, ProtocolError, ReplicaIsPrimary, ReplicationConflict, RoundUndecided,
                       StaleEpoch, StreamCorrupt)
+from . import handoff, protocol
 from . import origin as unit_origin
-from . import protocol
 from .faults import failpoint
 from .guard import ensure_members_not_in_use
 from .journal import Journal
 from .layout import PoolLayout, check_id
-from .protocol import CODEC_ZSTD, FRAME, T_CONTROL, T_RECORD, FrameReader
-from .replica import record_generation
+from .protocol import CODEC_ZSTD, FRAME, T_CONTROL, T_IRECORD, T_RECORD, FrameReader, ManifestChain
+from .replica import record_generation, status_of
 from .state import find_state
 
 RESUME_KEY = ("unit", "txid", "base", "target")    # a journal resumes only for the same transaction
+# what a one-flight begin is refused with (answered ``refused``, the conversation goes on)
+REFUSALS = (ReplicaIsPrimary, StaleEpoch, BaseMismatch, ReplicationConflict, RoundUndecided, ImageInUse)
+MAX_STRIPES = 64
+STRIPE_WAIT = 60.0     # seconds the trailer waits for stripes that make no progress
 
 
 class Replies(Protocol):
@@ -41,9 +54,20 @@ class Replies(Protocol):
     def write(self, data) -> None: ...
 
 
+def _stripes(msg: dict, version: int) -> dict | None:
+    sp = msg.get("stripes")
+    if not sp or version < 4:
+        return None
+    count = int(sp["count"])
+    if not 1 <= count <= MAX_STRIPES:
+        raise ProtocolError(reason=f"a transaction takes 1..{MAX_STRIPES} stripes")
+    handoff._check_token(sp["token"])
+    return {"token": sp["token"], "count": count}
+
+
 def parse_tx(msg: dict) -> dict:
     try:
-        protocol.check_version(msg.get("version"))
+        version = protocol.check_version(msg.get("version"))
         members = [{"volume_id": check_id(m["volume_id"], "volume id"), "size": int(m["size"]),
                     "base_size": int(m["base_size"]), "fresh": bool(m["fresh"])}
                    for m in msg["members"]]
@@ -56,7 +80,9 @@ def parse_tx(msg: dict) -> dict:
               "origin": unit_origin.parse_origin(msg.get("origin")),
               "two_phase": bool(msg.get("two_phase")),
               "round": check_id(msg["round"], "round") if msg.get("round") else None,
-              "captured_at": float(msg["captured_at"]) if msg.get("captured_at") is not None else None}
+              "captured_at": float(msg["captured_at"]) if msg.get("captured_at") is not None else None,
+              "version": version, "stripes": _stripes(msg, version),
+              "one_flight": bool(msg.get("one_flight")) and version >= 4}
     except (KeyError, TypeError, ValueError) as e:
         raise ProtocolError(reason=f"bad begin message: {e!r}") from None
     if not members or len(members) > 0xFFFF or len({m["volume_id"] for m in members}) != len(members):
@@ -102,6 +128,62 @@ def _check_base_sizes(layout: PoolLayout, tx: dict) -> None:
                                            f"the delta's base has {m['base_size']}")
 
 
+class Stripes:
+    """The stripe channels of one transaction, read by the master (a thread per stripe)."""
+
+    def __init__(self, tx: Transaction, spec: dict):
+        self.t, self.count = tx, spec["count"]
+        self._cv = threading.Condition()
+        self.done: set[int] = set()
+        self.error: BaseException | None = None
+        self.progress = time.monotonic()
+        self.listener = handoff.Listener(spec["token"], self.count, self._attached)
+
+    def _attached(self, stripe: handoff.Attached) -> None:
+        threading.Thread(target=self._read, args=(stripe,), name=f"drsvc-stripe-{stripe.index}",
+                         daemon=True).start()
+
+    def _read(self, stripe: handoff.Attached) -> None:
+        def cut(got, want):     # a cut channel: retriable at the sender, which resumes
+            raise PeerUnreachable(peer=f"stripe {stripe.index}", reason="its channel closed mid-transaction")
+        reader = FrameReader(stripe.stream.recv, on_eof=cut)
+        try:
+            self.t.begun.wait()
+            while True:
+                msg = self.t.receive(reader, on_frame=self._tick)
+                if msg["type"] == "end":
+                    break
+                raise StreamCorrupt(reason=f"expected a stripe's end, got {msg['type']!r}")
+            n = int(msg.get("records") or 0)
+        except BaseException as e:  # noqa: BLE001 - the trailer raises it
+            stripe.finish({"error": protocol.error_message(e)})
+            with self._cv:
+                self.error = self.error or e
+                self._cv.notify_all()
+            return
+        stripe.finish({"records": n})
+        with self._cv:
+            self.done.add(stripe.index)
+            self._cv.notify_all()
+
+    def _tick(self) -> None:
+        self.progress = time.monotonic()
+
+    def wait(self) -> None:
+        """Until every stripe reached its end; a stripe's failure, or none moving for
+        STRIPE_WAIT seconds, fails the transaction."""
+        with self._cv:
+            while len(self.done) < self.count and self.error is None:
+                if time.monotonic() - self.progress > STRIPE_WAIT:
+                    raise StreamCorrupt(reason=f"{self.count - len(self.done)} stripe(s) never ended")
+                self._cv.wait(1.0)
+            if self.error is not None:
+                raise self.error
+
+    def close(self) -> None:
+        self.listener.close()
+
+
 class Transaction:
     """One transaction into the unit's journal (the caller holds the unit lock)."""
 
@@ -109,54 +191,91 @@ class Transaction:
         self.layout, self.tx, self.journal = layout, tx, journal
         self.began = time.time()
         self.nbytes = 0          # frame bytes received, for the receive record
-        self._dctx = None        # a zstd decompressor, made on the first zstd record
+        self.refused = False     # one flight, refused: frames are read and dropped
+        self.stripes: Stripes | None = None
+        self.begun = threading.Event()   # begin decided (journal ready, or refused): stripes may read
+        self._lock = threading.Lock()
 
     def run(self, reader: FrameReader, out: Replies) -> Journal:
         """Begin, receive, and end at the trailer. Returns the unit's journal afterwards."""
-        self.begin(out)
+        if self.tx["stripes"]:
+            self.stripes = Stripes(self, self.tx["stripes"])   # listening before anything is checked
         try:
+            self.begin(out)
+            self.begun.set()
             while True:
                 msg = self.receive(reader)
-                if msg["type"] == "restart":
+                if msg["type"] == "restart" and not self.refused:
                     self.journal.create(self.tx)
-                    self._ready(out, 0)
+                    self._ready(out)
                     continue
+                if self.refused and msg["type"] in ("commit", "abort"):
+                    if self.stripes is not None:
+                        self.stripes.wait()
+                    return self.journal
                 if msg["type"] != "commit":
                     raise StreamCorrupt(reason=f"expected commit, got {msg['type']!r}")
                 return self.finish(msg, out)
         except BaseException:
             self._keep_received()
             raise
+        finally:
+            if self.stripes is not None:
+                self.stripes.close()
 
     def begin(self, out: Replies) -> None:
         tx, j = self.tx, self.journal
-        validate_begin(self.layout, tx)
-        if j.tx and j.prepared():
-            raise RoundUndecided(unit_id=tx["unit"], target=j.tx["target"], round=j.tx.get("round"))
+        try:
+            validate_begin(self.layout, tx)
+            if j.tx and j.prepared():
+                raise RoundUndecided(unit_id=tx["unit"], target=j.tx["target"], round=j.tx.get("round"))
+        except REFUSALS as e:
+            if not tx["one_flight"]:
+                raise
+            self.refused = True
+            out.control({"type": "refused", "txid": tx["txid"], "error": protocol.error_message(e),
+                         "status": status_of(self.layout, tx["unit"], j)})
+            return
         if (not tx.get("restart") and j.tx and not j.committed()
                 and all(j.tx.get(k) == tx[k] for k in RESUME_KEY)):
-            resumed = j.scan()
+            j.scan()
         else:
             j.create(tx)
-            resumed = 0
-        self._ready(out, resumed)
+        if not tx["one_flight"]:
+            self._ready(out)
 
-    def _ready(self, out: Replies, resumed: int) -> None:
-        out.control({"type": "ready", "resume_records": resumed, "manifest": self.journal.chain.hexdigest()})
+    def _ready(self, out: Replies) -> None:
+        j = self.journal
+        if self.tx["version"] < 4:   # records in plan order: resume after the held prefix
+            out.control({"type": "ready", "resume_records": j.chain.count, "manifest": j.chain.hexdigest()})
+            return
+        held = sorted(j.durable())
+        chain = ManifestChain()
+        for i in held:
+            chain.update(*j.index.entries[i])
+        out.control({"type": "ready", "resume_records": len(held), "held": protocol.to_ranges(held),
+                     "manifest": chain.hexdigest()})
 
-    def receive(self, reader: FrameReader) -> dict:
-        """Journal records until the next control message, and return that message."""
+    def receive(self, reader: FrameReader, on_frame=None) -> dict:
+        """Journal records until the next control message, and return that message. Safe on
+        several readers at once (the stripes): the journal serialises its appends."""
         n_members = len(self.tx["members"])
         append, parse_record, decode = self.journal.append, protocol.parse_record, protocol.decode_payload
-        next_frame, frame_size = reader.next_frame, FRAME.size
-        dctx, nbytes = self._dctx, 0
+        next_frame, frame_size, keep = reader.next_frame, FRAME.size, not self.refused
+        rtype = T_IRECORD if self.tx["version"] >= 4 else T_RECORD
+        indexed = rtype == T_IRECORD
+        dctx, nbytes = None, 0
         try:
             while True:
                 ftype, body = next_frame()
                 nbytes += frame_size + len(body)
-                if ftype != T_RECORD:
+                if ftype != rtype:
                     break
-                hdr, payload = parse_record(body)
+                if on_frame is not None:
+                    on_frame()
+                if not keep:
+                    continue
+                hdr, payload = parse_record(body, indexed)
                 if hdr.member >= n_members:
                     raise StreamCorrupt(reason=f"record for unknown member {hdr.member}")
                 if hdr.codec == CODEC_ZSTD and dctx is None:
@@ -164,7 +283,8 @@ class Transaction:
                     dctx = zstandard.ZstdDecompressor()
                 append(hdr, decode(hdr, payload, dctx))
         finally:
-            self._dctx, self.nbytes = dctx, self.nbytes + nbytes
+            with self._lock:
+                self.nbytes += nbytes
         if ftype != T_CONTROL:
             raise StreamCorrupt(reason=f"unexpected frame type {ftype} in a transaction")
         return protocol.parse_control(body)
@@ -172,9 +292,12 @@ class Transaction:
     def finish(self, msg: dict, out: Replies) -> Journal:
         """The trailer: every record arrived (the manifest matches). Commit, or vote."""
         tx, j = self.tx, self.journal
-        if msg.get("records") != j.chain.count or msg.get("manifest") != j.chain.hexdigest():
-            raise StreamCorrupt(reason=f"manifest mismatch: {j.chain.count} records received, "
-                                       f"{msg.get('records')} sent")
+        if self.stripes is not None:
+            self.stripes.wait()
+        count = msg.get("records")
+        if not isinstance(count, int) or not j.index.complete(count) or msg.get("manifest") != j.chain.hexdigest():
+            raise StreamCorrupt(reason=f"manifest mismatch: {len(j.index.entries)} records received, "
+                                       f"{count} sent")
         ensure_members_not_in_use(self.layout, tx["unit"], [m["volume_id"] for m in tx["members"]])
         if tx["two_phase"]:
             # the vote: durable and complete, applied only on the round's decision

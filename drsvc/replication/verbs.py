@@ -12,7 +12,7 @@ import shutil
 
 from .. import store
 from ..errors import InvalidParameter, ProtocolError, ReplicaIsPrimary, ReplicationConflict, StreamCorrupt, UnitNotFound
-from . import protocol
+from . import handoff, protocol
 from .blockmap import check_block_size, hash_image
 from .journal import Journal
 from .layout import PoolLayout, check_id
@@ -124,6 +124,24 @@ def release(layout: PoolLayout, reader: FrameReader, out: Replies, args: list[st
     shutil.rmtree(layout.unit_dir(unit_id), ignore_errors=True)
     out.control({"type": "released", "unit": unit_id, "existed": st is not None,
                  "removed_images": removed})
+
+
+def stripe(layout: PoolLayout, reader: FrameReader, out: Replies, args: list[str]) -> None:
+    """``stripe TOKEN INDEX``: hand this channel's stream to the receiver of transaction TOKEN,
+    wait until it read the stripe's end, and say so (``stripe-done``). The channel then
+    serves the next request, as after any other."""
+    try:
+        index = int(args[1])
+    except ValueError:
+        raise ProtocolError(reason="a stripe index is a number") from None
+    source = reader.source
+    if source is None or index < 0:
+        raise ProtocolError(reason="this receiver cannot hand its stream on")
+    fd_out = getattr(out, "fd", 1) if getattr(out, "sock", None) is None else out.sock.fileno()
+    word = handoff.attach(args[0], index, (source.fd, fd_out), source.take_ahead())
+    if word.get("error"):
+        protocol.raise_error(word["error"])
+    out.control({"type": "stripe-done", "index": index, "records": int(word.get("records", 0))})
 
 
 def apply(layout: PoolLayout, reader: FrameReader, out: Replies, args: list[str]) -> None:

@@ -5,8 +5,27 @@ Importing this package never imports paramiko (drsvc.transport.ssh does).
 """
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from .bandwidth import Bandwidth, TokenBucket
+
+__all__ = ["WINDOW", "Bandwidth", "Channel", "LimitedChannel", "LinkHints", "Peer", "TokenBucket"]
+
+WINDOW = 2 << 20     # the channel window OpenSSH's sshd grants (its default, and HPN-SSH's floor)
+
+
+@dataclass(frozen=True)
+class LinkHints:
+    """What the site config says of the path to a peer (``[peers.<name>]``), for striping:
+    ``rate`` in bytes/s (0: unknown), the peer's channel ``window``, how many
+    ``connections`` stripes may spread over, ``max_stripes``, and ``stripes`` to fix the
+    count (0: from the measured RTT and the rate)."""
+    rate: float = 0.0
+    window: int = WINDOW
+    connections: int = 2
+    max_stripes: int = 8
+    stripes: int = 0
 
 
 class Channel(ABC):
@@ -55,6 +74,17 @@ class Peer(ABC):
 
     name: str = "peer"
     session_key = None
+    link: LinkHints = LinkHints()
+
+    def lane(self, i: int) -> Peer:
+        """The peer over its i-th connection (0: this one). A transport with one connection
+        (or none kept) answers itself: every lane shares it."""
+        return self
+
+    def rtt(self, wait: float = 0.0) -> float | None:
+        """The measured round trip to the peer in seconds, or None while unknown (waiting
+        up to *wait* seconds for a measurement under way). A local peer: 0."""
+        return 0.0
 
     @abstractmethod
     def open(self, verb: str, *args: str) -> Channel:
@@ -73,31 +103,11 @@ class Peer(ABC):
         self.close()
 
 
-class TokenBucket:
-    """A bandwidth limit in bytes per second, with a burst of a tenth of a second
-    (at least one 64 KiB send), so a limited link is never flooded for long."""
-
-    def __init__(self, rate: float, burst: float | None = None):
-        self.rate = float(rate)
-        self.capacity = float(burst if burst is not None else max(64 << 10, rate / 10))
-        self.tokens = self.capacity
-        self.stamp = time.monotonic()
-
-    def take(self, n: int) -> None:
-        while True:
-            now = time.monotonic()
-            self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
-            self.stamp = now
-            if self.tokens >= min(n, self.capacity):
-                self.tokens -= n   # may go negative for a frame larger than the burst
-                return
-            time.sleep(min(0.25, (min(n, self.capacity) - self.tokens) / self.rate))
-
-
 class LimitedChannel(Channel):
-    """Wraps a channel with a token bucket on what it sends."""
+    """Wraps a channel with a limit on what it sends (a ``Bandwidth``: every stripe of one
+    sync wraps its channel around the same one)."""
 
-    def __init__(self, inner: Channel, bucket: TokenBucket):
+    def __init__(self, inner: Channel, bucket: Bandwidth):
         self.inner, self.bucket = inner, bucket
 
     @property

@@ -1,7 +1,11 @@
 """bench.goals judges issue 9's goals from the bench's JSON line: thresholds and edges."""
 from __future__ import annotations
 
+import pytest
+
 from bench.goals import judge, table
+
+pytestmark = pytest.mark.fast     # no root, no lab: tests/conftest.py keeps it so
 
 
 def case(name, drsvc, rsync=None, floor=None, changed=10 << 20, wire=None, freeze=0.01):

@@ -8,11 +8,10 @@ with force = spec.autoResync), on a two-site lab through the plugin sockets.
 from __future__ import annotations
 
 import os
-import time
 
 from drsvc.replication.state import find_state
 from tests.consumers.flows import Code, publish, requeue, stage, status_of, unpublish, unstage
-from tests.dr.helpers import wait_for, wait_synced_after, write_random
+from tests.dr.helpers import wait_attempts, wait_for, wait_synced_after, write_random
 from tests.fixtures.sites import image_sha
 
 INTERVAL = {"schedulingInterval": "2s"}
@@ -62,7 +61,7 @@ def test_demote_refused_while_staged_then_resync_by_content(lab):
                           lambda c, r: c == Code.OK, what="resync without force")
     assert resp.ready is False
     assert find_state(sa.pool, vol).diverged
-    time.sleep(5)                    # two of B's intervals: without force nothing overwrites A
+    wait_attempts(sb, vol, 2)        # two of B's syncs: without force nothing overwrites A
     assert image_sha(sa, vol) == changed
     requeue(lambda: A.call("ResyncVolume", volume_id=vol, force=True, sidecar=True),
             lambda c, r: c == Code.OK and r.ready, what="resync with force after the stale write")

@@ -11,6 +11,8 @@ from drsvc.config import parse
 from drsvc.errors import InternalError, InvalidParameter, OperationInProgress, PeerUnreachable, PreconditionFailed
 from drsvc.replication.enablement import resolve_peer
 
+pytestmark = pytest.mark.fast     # no root, no lab: tests/conftest.py keeps it so
+
 
 def _cfg(site, peers):
     return parse({"site": site, "pool": "/tmp/p", "peers": {

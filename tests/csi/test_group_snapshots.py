@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from pathlib import Path
 
 import grpc
@@ -19,6 +18,7 @@ import pytest
 from csi_plugin.gen import csi_pb2, csi_pb2_grpc
 from drsvc.ids import name_key
 from drsvc.store import file_lock
+from drsvc_lab import wait_until
 from tests.fixtures.csi import MiB
 
 Code = grpc.StatusCode
@@ -189,8 +189,7 @@ def test_group_snapshot_keeps_a_cross_volume_invariant(plugin, paths):
     try:
         groups = []
         for k in range(SNAPSHOTS):
-            while written[0] < 5 * (k + 1):
-                time.sleep(0.01)
+            wait_until(lambda k=k: written[0] >= 5 * (k + 1), 60, "the writer's next rounds", interval=0.01)
             # sources last-written first: without one instant, v1 would be cut after
             # the writer moved on and v3 >= v1 - 1 would break
             groups.append(create_gs(plugin, f"inv-gs{k}", vols[::-1]))

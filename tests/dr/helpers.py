@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import os
 import random
-import time
 
 import grpc
 
+from drsvc.layout import PoolLayout
+from drsvc.replication.control import find_control
 from drsvc.replication.state import find_state
+from drsvc_lab import wait_until
 from tests.fixtures.sites import image_sha
 
 
@@ -31,13 +33,21 @@ def generation(site, unit_id) -> int:
 
 
 def wait_for(pred, timeout=60, interval=0.3, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    """drsvc_lab.wait_until: pred's first truthy value, or a failure naming *what*."""
+    return wait_until(pred, timeout, what, interval=interval)
+
+
+def sync_attempts(site, unit_id) -> int:
+    """The unit's syncs from *site* that have ended, landed or failed."""
+    c = find_control(site.pool, unit_id)
+    return c.syncs_total + c.failures_total if c else 0
+
+
+def wait_attempts(site, unit_id, n: int, timeout: float = 60) -> None:
+    """Until *n* more syncs of the unit from *site* have ended (its schedule went round n times)."""
+    start = sync_attempts(site, unit_id)
+    wait_for(lambda: sync_attempts(site, unit_id) >= start + n, timeout, interval=0.1,
+             what=f"{n} more sync attempts of {unit_id} from {site.name}")
 
 
 def wait_synced_after(lab, unit_id, volume_ids, *, src="a", dst="b", timeout=60):
@@ -59,3 +69,17 @@ def code_of(fn):
     except grpc.RpcError as e:
         return e.code()
     return grpc.StatusCode.OK
+
+
+def journaled(pool, unit_id) -> int:
+    """Payload bytes a receiver has written into *unit_id*'s open transaction: into its
+    data.bin, or into the staging image of a member it holds no base for (an initial sync)."""
+    d = PoolLayout(pool).journal_dir(unit_id)
+    total = 0
+    for f in [d / "data.bin", *(d / "staging").glob("*.img")]:
+        try:
+            st = f.stat()
+        except FileNotFoundError:
+            continue
+        total += st.st_size if f.name == "data.bin" else st.st_blocks * 512
+    return total

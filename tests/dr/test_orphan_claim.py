@@ -79,10 +79,11 @@ def test_a_running_task_holds_its_claim_past_the_lease(lab):
     kwargs = {"trigger": "manual"}
     lease = 1.0
     inflight.claim(r, cfg.scope, vol, "sync", kwargs, task_id, pending=lease)
+    lapse = time.time() + r.pttl(inflight.key(cfg.scope, vol)) / 1000     # when it ends unconfirmed
     app.send_task("drsvc.sync", args=[vol], kwargs=kwargs, task_id=task_id, queue=cfg.queue_for("sync"))
     before = generation(sa, vol)
     wait_for(lambda: receiver_pids(lab.sites["b"].pool), 30, interval=0.02, what="the sync to reach b")
-    time.sleep(lease + 0.5)
+    wait_for(lambda: time.time() > lapse + 0.5, 10, interval=0.05, what="the end of the claim's first lease")
     assert generation(sa, vol) == before, "the sync ended before the lease: this run shows nothing"
     held = inflight.holder(r, cfg.scope, vol)
     assert held and held["task_id"] == task_id, held

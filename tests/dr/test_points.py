@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from csi_plugin.gen import csi_pb2, csi_pb2_grpc, volumegroup_pb2
-from drsvc.lab import Lab
+from drsvc_lab import Lab
 from drsvc_cli.client import DrClient, RpcFailed
 from tests.dr.helpers import code_of, wait_for
 from tests.faults.steps import file_sha

@@ -16,11 +16,11 @@ import pytest
 import redis
 
 from drsvc.config import load
-from drsvc.lab import Lab
 from drsvc.replication.control import find_control
 from drsvc.replication.state import find_state
+from drsvc_lab import Lab
 from tests.dr.helpers import wait_for, write_random
-from tests.fixtures.sites import Client, need_lab
+from tests.fixtures.sites import need_lab, started
 from workers import slots
 from workers.app import make_app
 
@@ -30,15 +30,8 @@ MiB = 1 << 20
 @pytest.fixture
 def lab3():
     need_lab()
-    lab = Lab(Path(tempfile.mkdtemp(prefix="drsvc-lab3-")), names=("a", "b", "c")).build()
-    try:
-        lab.up("a", "b", "c", components=("plugin", "worker", "control", "scheduler"))
-        lab.clients = {n: Client(s) for n, s in lab.sites.items()}
+    with started(Lab(Path(tempfile.mkdtemp(prefix="drsvc-lab3-")), names=("a", "b", "c")).build()) as lab:
         yield lab
-        for c in lab.clients.values():
-            c.close()
-    finally:
-        lab.teardown()
 
 
 def _syncs(site, vol) -> int:

@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import grpc
 
 from csi_plugin.gen import csi_pb2, volumegroup_pb2
 from drsvc.replication.state import find_state
-from tests.dr.helpers import (code_of, generation, last_report, wait_for, wait_synced_after,
+from tests.dr.helpers import (code_of, generation, last_report, wait_attempts, wait_for, wait_synced_after,
                               write_random)
+from tests.faults.steps import receiver_pids
 from tests.fixtures.sites import image_sha
 
 INTERVAL = {"schedulingInterval": "2s"}
@@ -128,7 +128,7 @@ def test_forced_failover_split_brain_and_resync(lab):
     # sends force = spec.autoResync, false by default): not ready, and A's image is left alone
     diverged = image_sha(sa, vol)
     assert A.retry("ResyncVolume", volume_id=vol).ready is False
-    time.sleep(6)    # three of B's 2 s intervals: a sync that overwrote A would have landed
+    wait_attempts(sb, vol, 3)    # three of B's syncs: one that overwrote A would have landed
     assert A.retry("ResyncVolume", volume_id=vol).ready is False
     assert image_sha(sa, vol) == diverged
     # with force (Ramen's failover, or autoResync) the divergent blocks are discarded
@@ -160,7 +160,7 @@ def test_concurrent_promote_and_demote_one_aborted(lab):
             results[method] = e.code()
     demote = threading.Thread(target=call, args=("DemoteVolume",))
     demote.start()
-    time.sleep(0.5)
+    wait_for(lambda: receiver_pids(lab.sites["b"].pool), 30, interval=0.02, what="the demote's final sync at b")
     call("PromoteVolume")
     demote.join()
     assert results["PromoteVolume"] == grpc.StatusCode.ABORTED, results

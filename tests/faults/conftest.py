@@ -3,55 +3,31 @@ every test: sshds up, every component running, receivers without failpoints, sit
 configs as built. Each test works on volumes of its own."""
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
+import re
 
 import pytest
 
-from drsvc.lab import Lab
-from tests.fixtures.sites import Client, need_lab
+from drsvc_lab import Lab
+from tests.fixtures.sites import build_lab as build_site_lab
+from tests.fixtures.sites import close_lab, heal
 
-from .steps import set_receiver_failpoints
+__all__ = ["build_lab", "close_lab", "heal"]
 
 # short, so a task of a SIGKILLed worker comes back within seconds; every sync
 # the suite stretches stays well below it
 VISIBILITY_TIMEOUT = 8
+# every sync of the suite is striped (protocol 4): a master channel and 3 stripe channels over
+# 2 SSH connections, whatever its size, so every fault lands on a striped transaction
+STRIPES = 'stripes = 4\nconnections = 2\n'
 
 
 def build_lab(prefix: str, **kw) -> Lab:
-    need_lab()
-    root = Path(tempfile.mkdtemp(prefix=prefix))
-    lab = Lab(root, visibility_timeout=VISIBILITY_TIMEOUT, **kw).build()
-    lab.configs = {n: s.config_path.read_text() for n, s in lab.sites.items()}
-    lab.known_hosts = {n: {p: (s.root / "ssh" / f"{p}.known_hosts").read_text() for p in lab.sites if p != n}
-                       for n, s in lab.sites.items()}
-    lab.up()
-    lab.clients = {n: Client(s) for n, s in lab.sites.items()}
-    return lab
+    return build_site_lab(prefix, visibility_timeout=VISIBILITY_TIMEOUT, configure=_striped, **kw)
 
 
-def close_lab(lab: Lab) -> None:
-    for c in lab.clients.values():
-        c.close()
-    lab.teardown()
-
-
-def heal(lab: Lab) -> None:
-    """Undo whatever a test broke, so the next one starts from a working lab."""
-    changed = False
-    for n, s in lab.sites.items():
-        set_receiver_failpoints(lab, n, ())
-        if s.config_path.read_text() != lab.configs[n]:
-            s.config_path.write_text(lab.configs[n])
-            changed = True
-        for p, text in lab.known_hosts[n].items():
-            (s.root / "ssh" / f"{p}.known_hosts").write_text(text)
-        if not s.sshd_pid:
-            lab.start_sshd(n)
-    for s in lab.sites.values():
-        if changed:
-            s.run.stop("worker")
-        s.run.up()
+def _striped(text: str) -> str:
+    """Every peer of the suite's sites stripes every sync (STRIPES)."""
+    return re.sub(r"(\[peers\.[^\]\n]+\]\n)", lambda m: m.group(1) + STRIPES, text)
 
 
 @pytest.fixture(scope="session")

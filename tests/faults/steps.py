@@ -14,9 +14,9 @@ import grpc
 
 from csi_plugin.gen import admin_pb2, admin_pb2_grpc
 from drsvc import store
-from drsvc.lab import receiver_command
 from drsvc.replication import remote
 from drsvc.replication.layout import PoolLayout
+from drsvc.replication.peers import link_of
 from drsvc.replication.state import find_state
 from drsvc.transport import ssh
 from drsvc.transport.ssh import SshPeer
@@ -91,9 +91,11 @@ def check_converged(src, dst, unit_id, volume_ids, *, settle: float = 30.0) -> N
 def peer_of(site, name="b", *, port=None, known_hosts=None, io_timeout=30.0) -> SshPeer:
     """The SSH peer exactly as the site's worker builds it (pinned key, dedicated key)."""
     p = site.cfg.peer(name)
-    return SshPeer(p.host, port=port or p.port, user=p.user, key_file=p.key,
+    peer = SshPeer(p.host, port=port or p.port, user=p.user, key_file=p.key,
                    known_hosts=known_hosts or p.known_hosts, name=name, io_timeout=io_timeout,
                    connect_timeout=10)
+    peer.link = link_of(p)     # the suite's peers stripe every sync (conftest.STRIPES)
+    return peer
 
 
 def write_quiesced(site, unit_id, **kw) -> int:
@@ -114,46 +116,13 @@ def fresh_link() -> None:
 def set_receiver_failpoints(lab, name: str, points=()) -> None:
     """Rewrite the site's authorized_keys so the forced command runs the receiver with
     DRSVC_FAILPOINTS set (sshd passes no client environment; this is the lab's own file)."""
-    s = lab.sites[name]
-    cmd = receiver_command(s.pool)
-    if points:
-        cmd = cmd.replace("exec ", f"exec env DRSVC_FAILPOINTS={','.join(points)} ", 1)
-    lines = []
-    for peer in lab.sites.values():
-        if peer.name != name:
-            pub = (peer.root / "ssh" / f"to-{name}.pub").read_text().strip()
-            lines.append(f'command="{cmd}",restrict {pub}')
-    path = s.root / "ssh" / "authorized_keys"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    os.chmod(tmp, 0o600)
-    os.rename(tmp, path)     # sshd reads it per login: never half a file
+    lab.authorize(name, {"DRSVC_FAILPOINTS": ",".join(points)} if points else None)
     # a forced command is fixed at login: end the logins (and warm receivers) made before,
     # and this process's cached ones to them, so the next sync logs in anew under the new
     # failpoints (a sync that picked up a killed cached login failed at its connect, before
     # any capture, and the kill meant for a commit point never happened)
-    drop_logins(s)
+    lab.kill_logins(name)
     fresh_link()
-
-
-def drop_logins(site) -> int:
-    """SIGKILL the site's sshd connection processes (the listener's children): every
-    established login ends, as when the peer host restarts its SSH service."""
-    n = 0
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit() or not site.sshd_pid:
-            continue
-        try:
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == site.sshd_pid:
-            try:
-                os.kill(int(d.name), signal.SIGKILL)
-                n += 1
-            except ProcessLookupError:
-                pass
-    return n
 
 
 def all_receiver_pids(pool: Path) -> list[int]:

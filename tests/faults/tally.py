@@ -1,11 +1,14 @@
 """The fault suite's running count, printed as one line at the end of the run.
 
 Registered from tests/conftest.py (pytest_plugins), so the line appears however
-the fault tests were selected (-m faults, a path, -k ...).
+the fault tests were selected (-m faults, a path, -k ...). Under pytest-xdist each
+worker sends its counts to the controller, which prints their sum.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
+
+import pytest
 
 
 @dataclass
@@ -32,6 +35,24 @@ def fault(n: int = 1) -> None:
 def pytest_runtest_setup(item):
     if item.get_closest_marker("faults") or item.get_closest_marker("soak"):
         _ran["faults"] = True
+
+
+def pytest_sessionfinish(session):
+    out = getattr(session.config, "workeroutput", None)       # an xdist worker: report to the controller
+    if out is not None:
+        out["drsvc_tally"] = {"tally": asdict(TALLY), "fuzz": dict(FUZZ_CASES), "faults_ran": _ran["faults"]}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    got = getattr(node, "workeroutput", {}).get("drsvc_tally")
+    if not got:
+        return
+    for f in fields(Tally):
+        setattr(TALLY, f.name, getattr(TALLY, f.name) + got["tally"][f.name])
+    for k, v in got["fuzz"].items():
+        FUZZ_CASES[k] = FUZZ_CASES.get(k, 0) + v
+    _ran["faults"] = _ran["faults"] or got["faults_ran"]
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

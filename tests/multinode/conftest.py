@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from csi_plugin.gen import csi_pb2_grpc
-from drsvc.lab import NodesLab
+from drsvc_lab import NodesLab
 from tests.fixtures.csi import Plugin
 from tests.fixtures.xfs import need
 

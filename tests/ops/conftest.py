@@ -5,7 +5,7 @@ import pytest
 import redis
 
 from drsvc import runner
-from drsvc.lab import free_port, wait_port
+from drsvc_lab import free_port, wait_port
 
 
 @pytest.fixture

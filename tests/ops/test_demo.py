@@ -9,11 +9,11 @@ import json
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from drsvc_lab import alive, leftovers, listening
 from tests.fixtures.sites import need_lab
 
 
@@ -22,47 +22,11 @@ def _drsvc(*args, env=None, timeout=600):
                           timeout=timeout, env=env)
 
 
-def _mentions(root: Path) -> dict:
-    """What on this host still refers to *root*: /proc/mounts lines, `losetup -a` lines and
-    processes whose command line names it. (Other tests may run at the same time, so only
-    lines that name the root count.)"""
-    r = str(root)
-    mounts = [ln for ln in Path("/proc/mounts").read_text().splitlines() if r in ln]
-    loops = [ln for ln in subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout.splitlines()
-             if r in ln]
-    procs = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit() and int(d.name) != os.getpid():
-            try:
-                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if r + "/" in cmd:
-                procs.append(f"{d.name}: {cmd}")
-    return {"mounts": mounts, "loops": loops, "processes": procs}
-
-
-def _alive(pid: int) -> bool:
-    """Running: it exists and has not exited (an exited child of a process that is gone
-    waits, a zombie, for init to reap it; it holds no port, file or mount)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(1)
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
 def test_demo_keep_then_down_leaves_nothing(tmp_path):
     need_lab()
     root = (tmp_path / "demo").resolve()
-    before = _mentions(root)
-    assert before == {"mounts": [], "loops": [], "processes": []}
+    before = leftovers(root)
+    assert not any(before.values()), before
     doc: dict = {}
     try:
         p = _drsvc("demo", "--json", "--keep", "--root", str(root))
@@ -89,10 +53,10 @@ def test_demo_keep_then_down_leaves_nothing(tmp_path):
         assert said.count("b is primary at epoch 1 (HEALTHY)") == 2 and "UNKNOWN" not in said, said
 
         # kept: the sites run, and the check below can see them
-        kept = _mentions(root)
-        assert kept["mounts"] and kept["loops"] and kept["processes"], kept
+        kept = leftovers(root)
+        assert kept["mounts"] and kept["loop_devices"] and kept["processes"], kept
         sites = doc["sites"]
-        assert all(_alive(s["redis_pid"]) and _alive(s["sshd_pid"]) for s in sites.values()), sites
+        assert all(alive(s["redis_pid"]) and alive(s["sshd_pid"]) for s in sites.values()), sites
         assert all(Path(s["config"]).exists() for s in sites.values())
         assert doc["down"] == f"drsvc demo down --root {shlex.quote(str(root))}"
 
@@ -110,10 +74,10 @@ def test_demo_keep_then_down_leaves_nothing(tmp_path):
         assert argv[:3] == ["drsvc", "demo", "down"]
         d = _drsvc(*argv[1:], timeout=300)
     assert d.returncode == 0, d.stdout + d.stderr
-    assert _mentions(root) == before
+    assert leftovers(root) == before
     for s in sites.values():
-        assert not _alive(s["redis_pid"]) and not _alive(s["sshd_pid"]), s
-        assert not _listening(s["redis_port"]) and not _listening(s["sshd_port"]), s
+        assert not alive(s["redis_pid"]) and not alive(s["sshd_pid"]), s
+        assert not listening(s["redis_port"]) and not listening(s["sshd_port"]), s
     assert not root.exists()
     # repeat-safe: a second `down` finds nothing and succeeds
     assert _drsvc(*argv[1:], timeout=120).returncode == 0
@@ -137,4 +101,4 @@ def test_demo_output_reads_for_people(tmp_path):
     assert all(w in header for w in ("app wrote", "changed", "took", "rsync sent")), header
     assert sum(1 for ln in lines if re.search(r"MiB .* MiB .* MiB .*\d+\.\d+x", ln)) >= 3
     assert out.count("b is primary at epoch 1 (HEALTHY)") == 2 and "UNKNOWN" not in out
-    assert _mentions(root) == {"mounts": [], "loops": [], "processes": []}
+    assert not any(leftovers(root).values()), leftovers(root)

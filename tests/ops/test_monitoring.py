@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from drsvc.lab import free_port, wait_port
+from drsvc_lab import free_port, wait_port
 from tests.dr.helpers import code_of, generation, wait_for, write_random
 
 
@@ -64,9 +64,8 @@ def test_metrics_follow_syncs_and_failures(lab):
     wait_for(lambda: (Metrics(scrape(port)).get(_norm(f"drsvc_replication_sync_failures_total{{{key}}}")) or 0) >= 2, 90,
              what="failed syncs")
     lag1 = Metrics(scrape(port))[f"drsvc_replication_lag_seconds{{{key}}}"]
-    time.sleep(2.5)
-    m = Metrics(scrape(port))
-    assert m[f"drsvc_replication_lag_seconds{{{key}}}"] > lag1
+    m = wait_for(lambda: (m := Metrics(scrape(port)))[f"drsvc_replication_lag_seconds{{{key}}}"] > lag1 and m,
+                 30, interval=0.5, what="the lag to grow while b is away")
     assert m[f'drsvc_replication_health{{{key},status="DEGRADED"}}'] == 1
     # ...and syncs catch up by themselves when it returns
     lab.start_sshd("b")
@@ -172,12 +171,24 @@ def test_secrets_required_when_configured(lab):
     assert "tok-4c1d9e" not in logs
 
 
+def _talks_to(pid: int, port: int) -> bool:
+    """Whether process *pid* holds a TCP connection to 127.0.0.1:*port*."""
+    try:
+        inodes = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        lines = Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]
+    except OSError:
+        return False
+    return any(f.split()[2] == f"0100007F:{port:04X}" and f"socket:[{f.split()[9]}]" in inodes for f in lines)
+
+
 def test_one_scheduler_acts(lab):
     sa = lab.sites["a"]
     second = subprocess.Popen([sys.executable, "-m", "workers.scheduler", "--config", str(sa.config_path)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        time.sleep(4)
+        # the second is up and has asked Redis for the lease, which the first holds
+        wait_for(lambda: _talks_to(second.pid, sa.redis_port), 30, interval=0.1,
+                 what="the second scheduler to reach Redis")
         first_log = sa.run.log_file("scheduler").read_text()
         assert "is leader" in first_log
         # the first holds the lease; kill it and the second takes over within the lease

@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import grpc
 
@@ -120,8 +119,8 @@ def test_secondary_degrades_when_primary_is_silent_and_recovers(lab):
         assert "primary a silent for" in s1["status_message"] and s1["missed_intervals"] >= 2, s1
         m1 = Metrics(scrape(port))
         c1 = _cli_status(sb, vol)
-        time.sleep(INTERVAL + 0.5)
-        s2 = bc.status(volume_id=vol)
+        s2 = wait_for(lambda: (s := bc.status(volume_id=vol))["missed_intervals"] > s1["missed_intervals"] and s,
+                      INTERVAL * 5, interval=0.2, what="one more missed interval")
         m2 = Metrics(scrape(port))
         c2 = _cli_status(sb, vol)
         assert s2["lag_seconds"] > s1["lag_seconds"] and s2["missed_intervals"] >= s1["missed_intervals"]

@@ -8,7 +8,7 @@ import redis
 from drsvc import runner
 from drsvc.config import load
 from drsvc.errors import ConfigInvalid
-from drsvc.lab import free_port, wait_port
+from drsvc_lab import free_port, wait_port
 
 PASSWORD = "p@ss:w/rd #1"        # characters a URL must quote
 

@@ -21,6 +21,7 @@ from drsvc.replication import health
 from drsvc.replication import state as unit_state
 from drsvc.replication.control import Control, save_control
 from drsvc.schedule import phase
+from drsvc_lab import wait_until
 from workers.scheduler import SiteScheduler
 
 INTERVAL = 30
@@ -61,10 +62,8 @@ def test_units_spread_and_takeover_replays_missed_runs_at_pace(site):
     cfg, r = site
     s1, t1 = _run(cfg)
     try:
-        deadline = time.monotonic() + 30
-        while len((health._read_json(health.next_runs_path(cfg.pool)) or {}).get("next", {})) < len(UNITS):
-            assert time.monotonic() < deadline, "the leader never published its next runs"
-            time.sleep(0.2)
+        wait_until(lambda: len((health._read_json(health.next_runs_path(cfg.pool)) or {}).get("next", {}))
+                   >= len(UNITS), 30, "the leader to publish its next runs", interval=0.2)
         runs = health._read_json(health.next_runs_path(cfg.pool))["next"]
         # each unit fires at its own phase of the interval: no two-second window holds more than a few
         for u in UNITS:
@@ -78,20 +77,25 @@ def test_units_spread_and_takeover_replays_missed_runs_at_pace(site):
     # the leader is gone for a while: the runs due meanwhile are missed
     r.delete(cfg.queue)
     gone = time.time()
-    time.sleep(6)
-    due = [u for u in UNITS if gone <= runs[u] < time.time()]
+
+    def missed():
+        return [u for u in UNITS if gone <= runs[u] < time.time()]
+    due = wait_until(lambda: len(m := missed()) >= 10 and m, 3 * INTERVAL, "ten runs due while no leader is up",
+                     interval=0.1)
     assert len(due) >= 3, "the gap missed too few runs to tell a burst from a replay"
     s2, t2 = _run(cfg)
     try:
-        took_over = time.monotonic()
-        while not r.exists(f"drsvc:{cfg.site}:scheduler-leader") and time.monotonic() - took_over < 10:
-            time.sleep(0.05)
-        time.sleep(1.0)
+        wait_until(lambda: r.exists(f"drsvc:{cfg.site}:scheduler-leader"), 10, "the new leader", interval=0.05)
+        # the replay has begun: its first missed run is queued
+        wait_until(lambda: {m["unit"] for m in _queued(r, cfg.queue)} & set(due), 10, "the first replayed run",
+                   interval=0.05)
         early = {m["unit"] for m in _queued(r, cfg.queue)}
         # a burst would queue every missed run at once; a replay queues them as they were due
         assert len(early & set(due)) < len(due), (len(early & set(due)), len(due))
-        time.sleep(8)
-        queued = _queued(r, cfg.queue)
+        def all_replayed():
+            q = _queued(r, cfg.queue)
+            return set(due) <= {m["unit"] for m in q} and q
+        queued = wait_until(all_replayed, INTERVAL, "every missed run to be replayed (else: a gap)", interval=0.2)
         late = {m["unit"] for m in queued}
         assert set(due) <= late, "a missed run was dropped (a gap)"
         for m in queued:                # each task carries the slot it was due at
@@ -120,28 +124,18 @@ def test_standby_takes_over_within_a_lease_after_kill_9(site, tmp_path):
             log = open(tmp_path / f"sched{i}.log", "wb")  # noqa: SIM115 - the child keeps it
             procs.append(runner.spawn([sys.executable, "-m", "workers.scheduler", "--config", str(cfg.path)],
                                       stdout=log, stderr=log))
-        deadline = time.monotonic() + 30
-        while not r.get(key):
-            assert time.monotonic() < deadline, "no scheduler took the lease"
-            time.sleep(0.1)
+        wait_until(lambda: r.get(key), 30, "a scheduler to take the lease", interval=0.1)
         leader_pid = int(r.get(key).decode().split(":")[1])
         assert leader_pid in {p.pid for p in procs}
         os.kill(leader_pid, signal.SIGKILL)
         killed = time.monotonic()
-        while True:
-            holder = r.get(key)
-            if holder and int(holder.decode().split(":")[1]) != leader_pid:
-                break
-            assert time.monotonic() - killed < LEASE_S + 10, "the standby never took over"
-            time.sleep(0.1)
+        wait_until(lambda: (h := r.get(key)) and int(h.decode().split(":")[1]) != leader_pid, LEASE_S + 10,
+                   "the standby to take over", interval=0.1)
         took = time.monotonic() - killed
         print(f"standby took over {took:.1f}s after the leader's SIGKILL (lease {LEASE_S}s)")
         r.delete(cfg.queue)
         r.delete(*r.keys(f"drsvc:{cfg.site}:sync-queued:*") or ["none"])
-        deadline = time.monotonic() + INTERVAL + 10
-        while not r.llen(cfg.queue):
-            assert time.monotonic() < deadline, "the new leader queued no sync"
-            time.sleep(0.2)
+        wait_until(lambda: r.llen(cfg.queue), INTERVAL + 10, "the new leader to queue a sync", interval=0.2)
     finally:
         for p in procs:
             if p.poll() is None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-
+from drsvc_lab import wait_until
 from workers import slots
 
 
@@ -15,9 +15,10 @@ def test_cap_renewal_lapse_and_own_release(r):
     twin = slots.Slot(r, "a", "c", ttl=3, label="task-1")        # Redis redelivered task-1
     other = slots.Slot(r, "a", "b", ttl=3, label="task-2")
     assert first.acquire(1)
+    lapse = r.zscore(first.key, first.holder)                     # when the first lease ends unrenewed
     assert not twin.acquire(1)                                    # the cap holds, same task id or not
     assert other.acquire(1)                                       # another peer has its own slots
-    time.sleep(4.5)                                               # longer than the lease
+    wait_until(lambda: time.time() > lapse + 1, 10, "the end of the first lease")
     assert slots.holders(r, "a", "c") == [first.holder]           # renewed while it runs
     twin.release()                                                # never held: frees nothing
     assert slots.holders(r, "a", "c") == [first.holder]
@@ -31,9 +32,8 @@ def test_cap_renewal_lapse_and_own_release(r):
     dead._stop.set()                                              # its worker was killed: no renewal
     dead._renewer.join(5)
     assert not slots.Slot(r, "a", "c", ttl=3).acquire(1)
-    time.sleep(3.5)
     late = slots.Slot(r, "a", "c", ttl=3)
-    assert late.acquire(1)                                        # lapsed one lease later
+    wait_until(lambda: late.acquire(1), 3 + 2, "the dead holder's slot to lapse (one lease later)")
     late.release()
     assert slots.Slot(r, "a", "c", ttl=3).acquire(0)              # no cap: nothing taken
     assert slots.holders(r, "a", "c") == []

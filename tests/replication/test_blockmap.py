@@ -7,6 +7,8 @@ from drsvc.replication import blockmap as bm
 from drsvc.replication.layout import PoolLayout, check_id
 from drsvc.errors import InvalidName, MissingField
 
+pytestmark = pytest.mark.fast     # no root, no lab: tests/conftest.py keeps it so
+
 
 def test_zero_blocks_get_the_zero_sentinel():
     data = bytes(4096) + os.urandom(4096) + bytes(100)

@@ -6,18 +6,25 @@ passes); everything else is the real engine on a loop-mounted XFS, and the repli
 compared byte for byte with the image as it stood at the frozen pass."""
 import os
 import random
-import time
 
 from drsvc.replication import capture as capture_mod
 from drsvc.replication import sync_unit
 from drsvc.replication.blockmap import punch_hole
 from drsvc.transport.local import LocalPeer
+from drsvc_lab import wait_until
 from tests.fixtures.xfs import need
 
 from .conftest import make_image, new_sites, same_images, write_at
 
 BS = 4096
 SIZE = 24 << 20
+
+
+def _tick_after(path) -> bool:
+    """Whether the filesystem's (coarse) clock has moved past *path*'s last change."""
+    probe = path.parents[2] / "tick"          # beside the pools, on the same filesystem
+    probe.touch()
+    return os.stat(probe).st_ctime_ns > os.stat(path).st_ctime_ns
 
 
 def test_writes_between_precopy_and_freeze_are_in_the_generation(xfs_mod, monkeypatch):
@@ -50,7 +57,8 @@ def test_writes_between_precopy_and_freeze_are_in_the_generation(xfs_mod, monkey
             os.fsync(fd)
         finally:
             os.close(fd)
-        time.sleep(0.03)            # past the clock tick of the last write: the overlay stands
+        # past the clock tick of the last write: the overlay stands
+        wait_until(lambda: _tick_after(img), 5, "the filesystem's clock to pass the last write")
         return pre
     monkeypatch.setattr(capture_mod, "_precopy", precopy_then_write)
 

@@ -14,7 +14,7 @@ import pytest
 from drsvc.errors import PeerUnreachable, ReplicationConflict
 from drsvc.replication import peer_status, sync_unit
 from drsvc.replication import plan as planner
-from drsvc.replication.driver import Attempt, Job, drive
+from drsvc.replication.driver import Attempt, Job, Refused, drive
 from drsvc.replication.generation import Prepared
 from drsvc.replication.layout import PoolLayout
 from drsvc.replication.report import SyncReport
@@ -104,10 +104,13 @@ def test_other_errors_are_not_retried(xfs_mod):
 class FakeSession:
     """A session whose status exchange fails on demand (``fail`` names the call)."""
 
-    def __init__(self, fail: str | None = None, peer_st: dict | None = None):
+    def __init__(self, fail: str | None = None, peer_st: dict | None = None, version: int = 3):
         self.fail, self.peer_st = fail, peer_st or {"generation": 0}
         self.closed = False
         self.bytes_sent = 0
+        self.version = version          # 3: every attempt asks for the status first
+        self.round_trips = self.channels_opened = 0
+        self.asked = 0
 
     def _maybe_fail(self, call: str) -> None:
         if self.fail == call:
@@ -115,6 +118,8 @@ class FakeSession:
 
     def request_status(self) -> None:
         self._maybe_fail("request_status")
+        self.asked += 1
+        self.round_trips += 1
 
     def read_status(self) -> dict:
         self._maybe_fail("read_status")
@@ -157,11 +162,15 @@ class FakeStep:
 class FakePlanner:
     """Plans one scripted list of steps per attempt (or raises what the script holds)."""
 
-    def __init__(self, *plans, ahead=None):
+    def __init__(self, *plans, ahead=None, flight=None):
         self.plans = list(plans)
         self.loads = 0
         self.seen_peer: list[dict] = []
         self._ahead = ahead
+        self._flight = flight
+
+    def flight(self, a: Attempt):
+        return self._flight
 
     def load(self, job: Job):
         self.loads += 1
@@ -205,6 +214,32 @@ def test_driver_plans_again_after_peer_unreachable(tmp_path):
                                {"steps": ["resume"], "error": None}]
     assert report.steps == ["resume"] and "connect_s" in report.phases
     assert len(opener.sessions) == 2 and all(s.closed for s in opener.sessions)
+
+
+@pytest.mark.fast
+def test_a_refused_one_flight_is_planned_from_the_status_it_brought(tmp_path):
+    """Protocol 4: nothing is asked before a fresh generation's one flight; a refusal carries
+    the peer's status, and the attempt plans from it as after a status exchange."""
+    ran: list[str] = []
+    planner_ = FakePlanner([FakeStep("resume", log=ran), FakeStep("ship", reported=False, log=ran)],
+                           flight=[FakeStep("sync", log=ran),
+                                   FakeStep("ship", Refused({"generation": 7}), reported=False, log=ran)])
+    opener = FakeOpener()
+    opener_v4 = lambda job: opener.sessions.append(FakeSession(version=4)) or opener.sessions[-1]  # noqa: E731
+    report = SyncReport(unit_id="u")
+    drive(_job(tmp_path), planner_, opener_v4, report)
+    assert ran == ["sync", "ship", "resume", "ship"]
+    assert planner_.seen_peer == [{"generation": 7}] and opener.sessions[0].asked == 0
+    assert report.steps == ["resume"] and report.attempts == [{"steps": ["resume"], "error": None}]
+
+
+@pytest.mark.fast
+def test_a_one_flight_sync_asks_nothing_first(tmp_path):
+    planner_ = FakePlanner(flight=[FakeStep("sync"), FakeStep("ship", reported=False)])
+    sessions = []
+    report = SyncReport(unit_id="u")
+    drive(_job(tmp_path), planner_, lambda job: sessions.append(FakeSession(version=4)) or sessions[-1], report)
+    assert sessions[0].asked == 0 and planner_.seen_peer == [] and report.steps == ["sync"]
 
 
 @pytest.mark.fast

@@ -1,12 +1,15 @@
 """The vectorized extent diff (replication.extentplan) against the pure reference
 (plan.plan_from_extents), on random extent maps: same scan and clear ranges."""
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from drsvc.host.fiemap import (EXTENT_DTYPE, FIEMAP_EXTENT_DELALLOC, FIEMAP_EXTENT_SHARED,
                                FIEMAP_EXTENT_UNWRITTEN, Extent)
 from drsvc.replication import extentplan, plan
+
+pytestmark = pytest.mark.fast     # no root, no lab: tests/conftest.py keeps it so
 
 BS = 4096
 FLAGS = st.sampled_from([0, 0, 0, FIEMAP_EXTENT_SHARED, FIEMAP_EXTENT_UNWRITTEN, FIEMAP_EXTENT_DELALLOC])

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from drsvc.replication import protocol
-from drsvc.replication.journal import Journal
+from drsvc.replication.journal import ENTRY, Journal
 from drsvc.replication.layout import PoolLayout
 from tests.fixtures.xfs import loop_mounted_fs, need
 
@@ -53,7 +53,7 @@ def _journal_and_apply(root, size):
         j.append(protocol.RecordHeader(0, codec, off, length, ck), data)
         want[off:off + length] = data if data is not None else bytes(length)
     j.mark_committed(j.chain.count, j.chain.hexdigest())
-    assert os.path.getsize(j.records_path) == 5 * protocol.RECORD.size, "no payload in records.bin"
+    assert os.path.getsize(j.records_path) == 5 * ENTRY.size, "no payload in records.bin"
     first = j.apply()
     assert img.read_bytes() == want
     again = Journal(lay, "v")
@@ -122,3 +122,38 @@ def test_a_failed_payload_write_fails_the_journal_at_its_next_write_or_sync(xfs_
     j.close()
     k = Journal(lay, "v")
     assert k.load() and k.scan() == 1           # the failed record is not in the journal
+
+
+def _indexed(j, index, data):
+    j.append(protocol.RecordHeader(0, protocol.CODEC_RAW, index * BS, BS, protocol.payload_checksum(data),
+                                   index), data)
+
+
+def test_scan_keeps_every_landed_record_of_interleaved_stripes(xfs_mod):
+    """Stripes interleave records in the journal: a record whose payload did not land is
+    dropped alone, not the ones journaled after it; the chain fills in as the indices do,
+    and equals the chain of the plan order."""
+    lay, j = _fresh_journal(xfs_mod / "journal-stripes", 2 * MiB)
+    payloads = {i: os.urandom(BS) for i in range(8)}
+    for i in (4, 0, 5, 1, 6, 2, 7):               # index 3 never arrived
+        _indexed(j, i, payloads[i])
+    assert j.chain.count == 3                      # the contiguous prefix 0..2
+    j.sync()
+    j.close()
+    with open(j.data_path, "r+b") as f:            # the payload of index 5 (third written) torn
+        f.seek(2 * BS + 10)
+        f.write(b"torn")
+    k = Journal(lay, "v")
+    assert k.load() and k.scan() == 6
+    assert sorted(k.durable()) == [0, 1, 2, 4, 6, 7]
+    for i in (3, 5):                               # the resume sends only what is missing
+        _indexed(k, i, payloads[i])
+    _indexed(k, 4, payloads[4])                    # a record sent twice is kept once
+    want = protocol.ManifestChain()
+    for i in range(8):
+        want.update(0, False, i * BS, BS, protocol.payload_checksum(payloads[i]))
+    assert k.index.complete(8) and k.chain.hexdigest() == want.hexdigest()
+    k.mark_committed(8, k.chain.hexdigest())
+    k.apply()
+    img = lay.image("v").read_bytes()
+    assert all(img[i * BS:(i + 1) * BS] == payloads[i] for i in range(8))

@@ -8,6 +8,8 @@ from drsvc.host.fiemap import FIEMAP_EXTENT_DELALLOC, FIEMAP_EXTENT_UNWRITTEN, E
 from drsvc.replication import plan
 from drsvc.replication.blockmap import ZERO
 
+pytestmark = pytest.mark.fast     # no root, no lab: tests/conftest.py keeps it so
+
 intervals = st.lists(st.tuples(st.integers(0, 200), st.integers(0, 60)).map(lambda t: (t[0], t[0] + t[1])),
                      max_size=8)
 

@@ -10,6 +10,8 @@ from drsvc.errors import (BaseMismatch, RemoteError, StreamCorrupt, UnknownVerb,
                           UnsupportedVersion)
 from drsvc.replication import protocol as p
 
+pytestmark = pytest.mark.fast     # no root, no lab: tests/conftest.py keeps it so
+
 
 def reader_of(data: bytes) -> p.FrameReader:
     return p.FrameReader(io.BytesIO(data).read)
@@ -105,9 +107,23 @@ def test_greeting_of_an_old_or_other_peer_is_refused_clearly():
     assert p.check_greeting({"type": "hello", "version": 3})["version"] == 3
     with pytest.raises(UnsupportedVersion, match="predates protocol version 2"):
         p.check_greeting(p.error_message(UnknownVerb(verb="serve")))
-    for other in (2, 4):      # 2 has no two-phase transactions: it would apply a prepared round
+    for other in (2, 5):      # 2 has no two-phase transactions: it would apply a prepared round
         with pytest.raises(UnsupportedVersion, match=f"speaks protocol version {other}"):
             p.check_greeting({"type": "hello", "version": other})
+
+
+def test_indexed_records_and_index_ranges_round_trip():
+    """Version 4 records carry their plan index; a resume names held indices as ranges."""
+    frame = p.encode_record(1, p.CODEC_RAW, 4096, 3, p.payload_checksum(b"abc"), b"abc", index=70000)
+    ftype, _flags, length = p.parse_frame_header(frame[:p.FRAME.size])
+    assert ftype == p.T_IRECORD and length == len(frame) - p.FRAME.size
+    hdr, payload = p.parse_record(frame[p.FRAME.size:], indexed=True)
+    assert (hdr.index, hdr.member, hdr.offset, bytes(payload)) == (70000, 1, 4096, b"abc")
+    assert p.parse_record(p.encode_record(0, p.CODEC_ZERO, 0, 8192, 0)[p.FRAME.size:])[0].index == -1
+    assert p.to_ranges([5, 1, 2, 3, 9, 8]) == [[1, 3], [5, 5], [8, 9]]
+    assert p.from_ranges([[1, 3], [5, 5], [8, 9]], 10) == {1, 2, 3, 5, 8, 9}
+    with pytest.raises(StreamCorrupt):
+        p.from_ranges([[8, 10]], 10)
 
 
 def test_manifest_chain_is_order_and_content_sensitive():

@@ -3,7 +3,6 @@ receivers that answer request after request, through the real sshd and the force
 command. A connection or receiver lost between syncs is replaced transparently."""
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ from drsvc.errors import InvalidName, ProtocolError, UnknownVerb, UnsupportedVer
 from drsvc.replication import peer_status, protocol, remote, sync_unit
 from drsvc.replication.remote import reader_for
 from drsvc.transport import ssh
+from drsvc_lab import wait_until
 
 from .conftest import make_image, new_sites, sha, write_at
 
@@ -43,13 +43,6 @@ def connections(sshd_pid: int) -> set[int]:
             if ppid == sshd_pid:
                 out.add(int(d.name))
     return out
-
-
-def wait_until(pred, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -99,7 +92,7 @@ def test_dropped_connection_between_syncs_is_replaced(site):
     (conn,) = connections(site.proc.pid)
     before = receivers(site.pool)
     os.kill(conn, signal.SIGKILL)           # the TCP connection dies with it
-    wait_until(lambda: not (receivers(site.pool) & before))
+    wait_until(lambda: not (receivers(site.pool) & before), 20, "the old receivers to exit")
     peer, _ = _sync(site, 1)                # no error: one fresh login
     assert peer.connects == 1
     assert len(connections(site.proc.pid)) == 1
@@ -112,7 +105,7 @@ def test_killed_receiver_between_syncs_is_replaced(site):
     (old,) = receivers(site.pool)
     conn = connections(site.proc.pid)
     os.kill(old, signal.SIGKILL)
-    wait_until(lambda: old not in receivers(site.pool))
+    wait_until(lambda: old not in receivers(site.pool), 20, "the old receiver to exit")
     peer, _ = _sync(site, 1)
     assert peer.connects == 0, "the login survived; only the receiver is new"
     assert connections(site.proc.pid) == conn
@@ -136,7 +129,9 @@ def test_changed_known_hosts_forces_a_fresh_checked_login(site, tmp_path):
 def _serve(site):
     chan = site.peer().open("serve")
     reader = reader_for(site.peer(), chan)
-    assert reader.control("hello")["version"] == protocol.VERSION
+    hello = reader.control("hello")
+    # `version` stays the oldest spoken, which a protocol-3 sender accepts; `versions` lists all
+    assert hello["version"] == 3 and hello["versions"][-1] == protocol.VERSION
     return chan, reader
 
 
@@ -191,7 +186,7 @@ def test_warm_receivers_are_bounded(site):
         s.read_status()
     for s in sessions:
         s.close()
-    wait_until(lambda: len(receivers(site.pool)) == remote.MAX_IDLE)
+    wait_until(lambda: len(receivers(site.pool)) == remote.MAX_IDLE, 20, "MAX_IDLE warm receivers")
     assert remote.discard_idle(site.peer().session_key) == remote.MAX_IDLE
-    wait_until(lambda: not receivers(site.pool))
+    wait_until(lambda: not receivers(site.pool), 20, "no receiver left")
     ssh.close_all()

@@ -5,7 +5,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 EDGE_LIBS = {"grpc", "celery", "apscheduler", "kombu", "redis", "prometheus_client", "flower", "rich"}
-EDGE_PKGS = {"csi_plugin", "workers", "drsvc_cli"}
+EDGE_PKGS = {"csi_plugin", "workers", "drsvc_cli", "drsvc_lab"}
 
 
 def _imports(path: Path):
@@ -40,7 +40,7 @@ _STARTERS = {("subprocess", n) for n in ("run", "Popen", "call", "check_call", "
 
 def test_only_the_runner_starts_processes():
     users = set()
-    for pkg in ("drsvc", "csi_plugin", "workers", "drsvc_cli"):
+    for pkg in ("drsvc", "csi_plugin", "workers", "drsvc_cli", "drsvc_lab"):
         for p in _py(pkg):
             for node in ast.walk(ast.parse(p.read_text())):
                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \

@@ -1,0 +1,86 @@
+"""`drsvc worker`: a Celery worker of one site (or of one storage node of it), with the
+per-process helpers it starts (titles, warm peers)."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import threading
+import time
+
+from celery import signals
+
+from drsvc.config import load
+from drsvc.replication import remote
+from drsvc.replication.peers import connect
+
+from .app import make_app
+from .titles import keep_worker_titles
+
+log = logging.getLogger("drsvc.worker")
+
+
+def worker_main(argv=None) -> int:
+    """`drsvc worker --config site.toml [--role data|control|node] [--node NAME]`: a Celery
+    worker of this site.
+
+    A data worker serves the data queue (syncs) and, when a process is free, the control
+    queue too, so a site with no control worker still answers. A control worker serves only
+    the control queue: enable, disable, promote, demote and resync never wait behind syncs.
+    With --node (a site of several storage nodes), the same for that node's queues
+    drsvc.<site>.<node>[.control], over its pool; role api serves the node's
+    drsvc.<site>.<node>.api, the site controller's calls on that pool, in threads."""
+    ap = argparse.ArgumentParser(prog="drsvc worker")
+    ap.add_argument("--config", default=os.environ.get("DRSVC_CONFIG"), required=not os.environ.get("DRSVC_CONFIG"))
+    ap.add_argument("--role", choices=("data", "control", "api"), default="data")
+    ap.add_argument("--node", default=os.environ.get("DRSVC_NODE", ""),
+                    help="this storage node's name in the site config's [nodes] (default: $DRSVC_NODE)")
+    ap.add_argument("--concurrency", type=int, default=None, help="processes (threads for api); default 2 (api 8)")
+    ap.add_argument("--loglevel", default="INFO")
+    ap.add_argument("--hostname", default=None)
+    args = ap.parse_args(argv)
+    if args.role == "api" and not args.node:
+        ap.error("--role api is a storage node's: it needs --node (or DRSVC_NODE)")
+    cfg = load(args.config, node=args.node)
+    app = make_app(cfg)
+    args.concurrency = args.concurrency or (8 if args.role == "api" else 2)
+    app.conf.worker_concurrency = args.concurrency     # the per-peer sync slots follow it
+    queues = {"data": f"{cfg.queue},{cfg.control_queue}", "control": cfg.control_queue,
+              "api": cfg.api_queue(args.node) if args.role == "api" else ""}[args.role]
+    pool = ["-P", "threads"] if args.role == "api" else []   # its calls wait on the node's jobs
+    wargs = ["worker", "-Q", queues, *pool, "-c", str(args.concurrency), "-l", args.loglevel, "-E",
+             "-n", args.hostname or f"{worker_name(cfg, args.role)}@%h", "--without-gossip", "--without-mingle"]
+    keep_worker_titles("worker", cfg, "" if args.role == "data" else args.role)
+    if args.role in ("data", "control"):
+        keep_peers_warm(cfg)
+    app.worker_main(wargs)
+    return 0
+
+
+WARM_EVERY = 300.0       # seconds; a warm receiver is dropped after remote.IDLE_TTL (600) unused
+
+
+def keep_peers_warm(cfg) -> None:
+    """Each pool process logs in to every peer when it starts, and greets a receiver there
+    every WARM_EVERY seconds: a Demote's final sync, or the first sync after a quiet spell,
+    then costs its round trips, not a login's (about nine over SSH)."""
+    def loop():
+        while True:
+            for p in cfg.peers.values():
+                try:
+                    peer = connect(p)
+                    if peer.session_key is not None:     # a transport that keeps connections
+                        remote.warm(peer)
+                except Exception as e:  # noqa: BLE001 - the peer may be down; syncs report that
+                    log.debug("peer %s not warmed: %s", p.name, e)
+            time.sleep(WARM_EVERY)
+
+    def on_child(**_):
+        threading.Thread(target=loop, name="drsvc-warm-peers", daemon=True).start()
+    signals.worker_process_init.connect(on_child, weak=False)
+
+
+def worker_name(cfg, role: str) -> str:
+    """The Celery node name of this site's (or node's) worker of *role*, before the @host:
+    "a", "a-control", "a.n1-api". workers/probe.py pings it by this name."""
+    return cfg.scope if role == "data" else f"{cfg.scope}-{role}"
