@@ -458,7 +458,7 @@ class Journal:
     def apply(self) -> _Cloner:
         """Apply a committed journal to the pool's images; safe to repeat."""
         self.close()
-        pointcommit.before_apply(self.layout, self.tx, self.records_path)   # recovery points: keep what it overwrites
+        pointcommit.before_apply(self.layout, self.tx, self.spans)   # recovery points: keep what it overwrites
         members = self.tx["members"]
         fds: dict[int, int] = {}
         cloner = _Cloner()
@@ -498,6 +498,11 @@ class Journal:
             else:
                 os.pwrite(fds[member], inline, offset)
                 wb.wrote(fds[member], length)
+
+    def spans(self):
+        """(member index, offset, length) of each journaled record (what the apply writes)."""
+        for member, _codec, _flags, offset, length, _at, _inline in self._entries():
+            yield member, offset, length
 
     def _entries(self):
         """(member, codec, flags, offset, length, data.bin position, inline payload) of each

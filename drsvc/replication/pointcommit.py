@@ -106,7 +106,8 @@ def _plan(idx: Index, tx: dict) -> tuple[Plan, Point]:
 _COSTS: dict = {}                 # txid -> seconds spent before the apply (this process)
 
 
-def before_apply(layout: PoolLayout, tx: dict, records_path: Path) -> None:
+def before_apply(layout: PoolLayout, tx: dict, spans) -> None:
+    """*spans*: a callable giving the journal's (member index, offset, length) records."""
     t0 = time.monotonic()
     idx = Index.find(layout, tx["unit"])
     if idx is None or not idx.points or idx.has_txid(tx["txid"]):
@@ -121,12 +122,12 @@ def before_apply(layout: PoolLayout, tx: dict, records_path: Path) -> None:
     t1 = time.monotonic()
     target = plan.target(idx)
     if target is not None:
-        keep_overwritten(layout, idx, target, tx, records_path)
+        keep_overwritten(layout, idx, target, tx, spans)
     _COSTS.clear()
     _COSTS[tx["txid"]] = {"prune_s": t1 - t0, "undo_s": time.monotonic() - t1}
 
 
-def keep_overwritten(layout: PoolLayout, idx: Index, target: Point, tx: dict, records_path: Path) -> None:
+def keep_overwritten(layout: PoolLayout, idx: Index, target: Point, tx: dict, spans) -> None:
     """Copy what the transaction overwrites out of the replica into *target*'s undo logs."""
     unit, newest = idx.unit_id, idx.newest
     meta = read_meta(layout, unit, target.generation)
@@ -136,7 +137,7 @@ def keep_overwritten(layout: PoolLayout, idx: Index, target: Point, tx: dict, re
     for vol in target.members:           # the newest point stops being the replica
         if target is newest and member_data(meta, vol) == LIVE:
             meta["members"][vol] = {"data": UNDO, "map": "", "bytes": 0}
-    for vol, changed in pointdata.changed_ranges(records_path, tx).items():
+    for vol, changed in pointdata.changed_ranges(spans(), tx).items():
         # the replica holds the newest point's bytes of vol (live there), and target keeps an undo of vol
         if (vol not in target.members or vol not in newest.members or member_data(live, vol) != LIVE
                 or member_data(meta, vol, newest=target is newest) != UNDO):

@@ -28,11 +28,9 @@ from pathlib import Path
 
 from ..host.reflink import UNSUPPORTED, clone_file_range
 from .blockmap import punch_hole
-from .protocol import CODEC_RAW, RECORD
 
 CLONE_MIN = 64 << 10
 ALIGN = 4096
-_FLAG_INLINE = 0x1 | 0x2          # journal FLAG_DIRECT | FLAG_DATA: the payload is not inline
 _CHUNK = 1 << 20
 _ZEROS = bytes(_CHUNK)
 
@@ -128,25 +126,19 @@ def clip(m, want):
 
 
 # -- what one transaction changes -----------------------------------------------------
-def changed_ranges(records_path: Path, tx: dict) -> dict:
-    """volume id -> the ranges a committed journal changes in that member's image
-    (its records, and the growth past the base size). Fresh members are left out:
-    they had no image at the base."""
+def changed_ranges(spans, tx: dict) -> dict:
+    """volume id -> the ranges a committed journal changes in that member's image: its
+    records (*spans*, (member index, offset, length) each, as ``Journal.spans`` gives them)
+    and the growth past the base size. Fresh members are left out: they had no image at
+    the base."""
     np = _np()
     members = tx["members"]
     starts: dict[int, list] = {i: [] for i, m in enumerate(members) if not m["fresh"]}
     ends: dict[int, list] = {i: [] for i in starts}
-    with open(records_path, "rb", buffering=_CHUNK) as f:
-        while True:
-            raw = f.read(RECORD.size)
-            if len(raw) < RECORD.size:
-                break
-            member, codec, flags, offset, length, _ck = RECORD.unpack(raw)
-            if codec == CODEC_RAW and not flags & _FLAG_INLINE:
-                f.seek(length, os.SEEK_CUR)          # an old journal's inline payload
-            if member in starts:
-                starts[member].append(offset)
-                ends[member].append(offset + length)
+    for member, offset, length in spans:
+        if member in starts:
+            starts[member].append(offset)
+            ends[member].append(offset + length)
     out = {}
     for i, s in starts.items():
         m = members[i]
