@@ -14,7 +14,7 @@ import grpc
 
 from csi_plugin.gen import admin_pb2, admin_pb2_grpc
 from drsvc import store
-from drsvc.replication import remote
+from drsvc.replication import remote, sync_unit
 from drsvc.replication.layout import PoolLayout
 from drsvc.replication.peers import link_of
 from drsvc.replication.state import find_state
@@ -96,6 +96,19 @@ def peer_of(site, name="b", *, port=None, known_hosts=None, io_timeout=30.0) -> 
                    connect_timeout=10)
     peer.link = link_of(p)     # the suite's peers stripe every sync (conftest.STRIPES)
     return peer
+
+
+def engine_volume(lab, name, size=32 * MiB):
+    """A volume at A, replicated by the engine straight over the lab's sshd (no schedule:
+    the worker never touches it, so the test's loop owns the unit lock); (id, Generations)."""
+    sa = lab.sites["a"]
+    vol = lab.clients["a"].create_volume(name, size).volume_id
+    write_random(sa, vol, count=32, seed=name)
+    gens = Generations()
+    gens.record(sa, vol)
+    with peer_of(sa) as p:
+        sync_unit(sa.pool, vol, [vol], p)
+    return vol, gens
 
 
 def write_quiesced(site, unit_id, **kw) -> int:

@@ -16,25 +16,12 @@ from drsvc.replication.layout import PoolLayout
 from drsvc.replication.snapstore import generation_image
 from tests.dr.helpers import generation, wait_for, write_random
 
-from .steps import (MiB, Generations, check_converged, file_sha, kill_receivers, peer_of, receiver_pids,
+from .steps import (MiB, engine_volume, Generations, check_converged, file_sha, kill_receivers, peer_of, receiver_pids,
                     set_receiver_failpoints, sync_now)
 from .tally import fault
 
 POINTS = ("receiver.before_commit", "receiver.after_commit_marker", "receiver.after_apply",
           "receiver.after_state")
-
-
-def _volume(lab, name, size=32 * MiB):
-    """A volume at A, replicated by the engine straight over the lab's sshd (no schedule:
-    the worker never touches it, so these loops own the unit lock)."""
-    sa = lab.sites["a"]
-    vol = lab.clients["a"].create_volume(name, size).volume_id
-    write_random(sa, vol, count=32, seed=name)
-    gens = Generations()
-    gens.record(sa, vol)
-    with peer_of(sa) as p:
-        sync_unit(sa.pool, vol, [vol], p)
-    return vol, gens
 
 
 def _converge(lab, vol):
@@ -54,7 +41,7 @@ def commit_point_kills(lab, rnd, rounds):
     replay, so every kill is checked at once; each attempt's status request is the
     contact that replays the previous one."""
     sa, sb = lab.sites["a"], lab.sites["b"]
-    vol, gens = _volume(lab, f"fp-{rnd.randrange(1 << 30)}", size=16 * MiB)
+    vol, gens = engine_volume(lab, f"fp-{rnd.randrange(1 << 30)}", size=16 * MiB)
     for i in range(rounds):
         point = POINTS[i % len(POINTS)] if i < len(POINTS) else rnd.choice(POINTS)
         write_random(sa, vol, count=rnd.randint(1, 24), size=rnd.choice([4096, 64 << 10]),
@@ -85,7 +72,7 @@ def apply_and_stream_kills(lab, rnd, rounds):
     """Half the kills wait for the commit marker (so they land inside the apply), half
     hit a random instant of a throttled stream."""
     sa, sb = lab.sites["a"], lab.sites["b"]
-    vol, gens = _volume(lab, f"rk-{rnd.randrange(1 << 30)}", size=64 * MiB)
+    vol, gens = engine_volume(lab, f"rk-{rnd.randrange(1 << 30)}", size=64 * MiB)
     commit = PoolLayout(sb.pool).journal_dir(vol) / "commit.json"
     in_apply = 0
     for i in range(rounds):

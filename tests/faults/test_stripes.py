@@ -20,21 +20,14 @@ from drsvc.replication import sync_unit
 from drsvc.replication.layout import PoolLayout
 from tests.dr.helpers import wait_for, write_random
 
-from .steps import (MiB, Generations, all_receiver_pids, check_converged, fresh_link, peer_of,
+from .steps import (MiB, engine_volume, all_receiver_pids, check_converged, fresh_link, peer_of,
                     receiver_pids)
 from .tally import fault
 from .test_connection_cuts import _proxy_for
 
 
-def _volume(lab, name, size=64 * MiB):
-    sa = lab.sites["a"]
-    vol = lab.clients["a"].create_volume(name, size).volume_id
-    write_random(sa, vol, count=32, seed=name)
-    gens = Generations()
-    gens.record(sa, vol)
-    with peer_of(sa) as p:
-        sync_unit(sa.pool, vol, [vol], p)
-    return vol, gens
+def _volume(lab, name):
+    return engine_volume(lab, name, size=64 * MiB)
 
 
 def _fds(pid: int) -> set[str]:
