@@ -9,10 +9,10 @@ pytest_plugins = ["pytester", "tests.tiers", "tests.fixtures.xfs", "tests.fixtur
 
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (--dist loadgroup): a module's tests stay on one worker, so its
-    shared lab or plugin is built once; the fault suite, which shares one lab and times
-    its faults, runs on one worker, in order."""
+    shared lab or plugin is built once, and run in order. The fault suite's modules share
+    their worker's one lab (a session fixture), healed after each test."""
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:
         module = item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group("faults" if module.startswith("tests/faults/") else module))
+        item.add_marker(pytest.mark.xdist_group(module))

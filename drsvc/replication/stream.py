@@ -11,7 +11,7 @@ import logging
 import os
 import time
 
-from ..errors import ReplicationConflict, StreamCorrupt
+from ..errors import PeerUnreachable, ReplicationConflict, StreamCorrupt
 from ..transport import LinkHints
 from . import handoff, protocol
 from .delta import manifest_of, stream_records
@@ -22,6 +22,7 @@ from .report import SyncReport
 from .striping import stripe_count
 
 RTT_WAIT = 2.0     # seconds a large transaction waits for the connection's first RTT measurement
+ERROR_WAIT = 5.0   # seconds a stream cut on a stripe waits for the receiver's own word on the master
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +62,14 @@ def stream(session: Session, prepared: Prepared, report: SyncReport, *, unit_id:
     stripes = session.open_stripes(token, n - 1) if token else []
     came = session.watch() if one_flight else None
     try:
-        sent, chain = _send_records(session, prepared, stripes, skip, held, v4, came, compress, progress_path,
-                                    unit_id)
+        try:
+            sent, chain = _send_records(session, prepared, stripes, skip, held, v4, came, compress,
+                                        progress_path, unit_id)
+        except PeerUnreachable:
+            for s in stripes:
+                s.close()
+            _raise_peer_error(session, came)
+            raise
         expect = "prepared" if two_phase else "committed"
         t_sent = time.monotonic()
         if came is not None and came.is_set():      # answered before the trailer: refused, or an error
@@ -90,6 +97,14 @@ def stream(session: Session, prepared: Prepared, report: SyncReport, *, unit_id:
     report.stripes = n
     _report_generation(report, meta, sent, two_phase)
     report.bytes_on_wire = session.bytes_sent   # the whole conversation, control included
+
+
+def _raise_peer_error(session: Session, came) -> None:
+    """A stripe's channel broke: when the receiver stopped because it refused something (a
+    pool out of space, a bad record), its typed error is on the master channel, which a
+    one flight's watcher reads; raise that rather than the stripe's lost connection."""
+    if came is not None and came.wait(ERROR_WAIT):
+        session.answer()       # raises the peer's error; a plain answer here is not expected
 
 
 def _stripe_count(session: Session, meta: dict, link: LinkHints, bwlimit: float | None) -> int:

@@ -133,7 +133,7 @@ def worker_path_kills(lab, rnd, rounds):
         set_receiver_failpoints(lab, "b", [rnd.choice(POINTS)])
         try:
             threading.Thread(target=_quiet, args=(sync_now, A, vol, 2), daemon=True).start()
-            wait_for(lambda ctl=ctl, failures=failures: _failures(ctl) > failures, 30, interval=0.05, what="the killed sync to fail")
+            wait_for(lambda ctl=ctl, failures=failures: _failures(ctl) > failures, 90, interval=0.05, what="the killed sync to fail")
             fault()
         finally:
             set_receiver_failpoints(lab, "b", ())

@@ -38,6 +38,9 @@ from workers.bandwidth import POLL, PriorityLease, RedisBandwidth, RedisBucket, 
 
 from .conftest import make_image, new_sites, same_images
 
+# shares of a rate: run alone, after the parallel tests (pyproject's serial marker)
+pytestmark = pytest.mark.serial
+
 MiB = 1 << 20
 CAP = 8 * MiB
 
