@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from .. import runner
+from ..errors import CommandFailed
 
 SYS_BLOCK = Path("/sys/block")
 BLKFLSBUF = 0x1261
@@ -72,9 +73,13 @@ def drop_buffers(device: str) -> None:
 
 
 def detach_image(image: Path) -> None:
-    """Detach every loop device backing *image*; a no-op when none does."""
+    """Detach every loop device backing *image*; a no-op when none does. A device that went
+    between the look and the detach (autoclear after an unmount completes asynchronously)
+    is detached, not a failure; one that still backs *image* after a failed detach is."""
     while (dev := find_attached(image)) is not None:
-        runner.run(["losetup", "--detach", dev], timeout=60)
+        r = runner.run(["losetup", "--detach", dev], timeout=60, check=False)
+        if r.returncode != 0 and backing_of(dev) == os.path.realpath(image):
+            raise CommandFailed(r.argv, r.returncode, (r.stderr or r.stdout)[-runner.STDERR_TAIL:])
 
 
 def refresh_capacity(device: str) -> None:

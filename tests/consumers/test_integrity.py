@@ -60,7 +60,9 @@ def test_demote_refused_while_staged_then_resync_by_content(lab):
     codes, resp = requeue(lambda: A.call("ResyncVolume", volume_id=vol, force=False, sidecar=True),
                           lambda c, r: c == Code.OK, what="resync without force")
     assert resp.ready is False
-    assert find_state(sa.pool, vol).diverged
+    # B's next sync finds A's image changed under its replica state (under load it may come
+    # after the answer)
+    wait_for(lambda: find_state(sa.pool, vol).diverged, 60, what="A to be marked diverged")
     wait_attempts(sb, vol, 2)        # two of B's syncs: without force nothing overwrites A
     assert image_sha(sa, vol) == changed
     requeue(lambda: A.call("ResyncVolume", volume_id=vol, force=True, sidecar=True),
