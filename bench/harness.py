@@ -157,6 +157,9 @@ class CaseResult:
         print(f"           phase medians {d['drsvc_phases_median']}; peak RSS sender "
               f"{self.rss['sender'] / MiB:.1f} MiB, receiver {self.rss['receiver'] / MiB:.1f} MiB; "
               f"replica matches source: {self.verified}", flush=True)
+        if wm := self.extra.get("warm"):
+            print(f"           session: warm as a worker's (remote.warm at its start, {wm['s']:.2f} s: "
+                  f"receivers per connection {wm['receivers']}, rtt {wm['rtt_s'] or 0:.3f} s)", flush=True)
         if ch := self.extra.get("channel"):
             print(f"           ceiling: {channel_text(ch)} (medians of {len(ch['runs']['drsvc'])})", flush=True)
         if wc := self.extra.get("wan_ceilings"):

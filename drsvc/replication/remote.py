@@ -21,6 +21,7 @@ from ..transport.bandwidth import Bandwidth
 from . import protocol
 from .blockmap import BlockMap
 from .protocol import T_CONTROL, T_HASHES, FrameReader
+from .striping import stripe_count
 
 MAX_IDLE = 8            # warm receivers kept per peer session (a master and its stripes)
 IDLE_TTL = 600.0        # seconds a warm receiver may wait unused
@@ -158,12 +159,59 @@ def hello(peer) -> dict:
     return _call(peer, "hello", expect="hello")
 
 
-def warm(peer) -> dict:
-    """Leave a greeted receiver warm on the peer's connection and its RTT measured (a worker
-    does it when it starts, so its first sync or a Demote's final sync opens no login)."""
+RTT_WAIT = 2.0     # seconds warm() waits for the connection's first RTT measurement
+
+
+def warm(peer, *, bwlimit: float | None = None) -> dict:
+    """Leave the peer as a sync finds it in a busy worker: every connection striping uses
+    logged in, and a greeted receiver warm for the master and for each stripe a large
+    transaction over this path takes (``striping.stripe_count`` of the measured RTT), so
+    neither a worker's first sync nor a Demote's final sync opens a login or a channel.
+    Returns the hello, with ``warm`` = {lane: receivers} added."""
     msg = hello(peer)
-    peer.rtt()
-    return msg
+    n = stripe_count(1 << 62, rtt=peer.rtt(wait=RTT_WAIT), link=peer.link, bwlimit=bwlimit)
+    lanes = max(1, peer.link.connections) if n > 1 else 1
+    want = {0: 1}
+    for i in range(n - 1):          # stripe i rides lane (i + 1) % lanes (open_stripes)
+        want[(i + 1) % lanes] = want.get((i + 1) % lanes, 0) + 1
+    errors = _greet_all([(peer.lane(lane), k) for lane, k in want.items()])
+    if errors:
+        raise errors[0]
+    return dict(msg, warm=want)
+
+
+def _greet_all(targets) -> list[BaseException]:
+    """Hold k greeted receivers at once on each (peer lane, k), in parallel, then put them
+    all back warm (held together, so each is a receiver of its own)."""
+    leases: list[tuple[Lease, bool]] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def one(lane) -> None:
+        try:
+            lease = Lease(lane, "hello")
+        except BaseException as e:  # noqa: BLE001 - returned to the caller
+            errors.append(e)
+            return
+        ok = False
+        try:
+            lease.end_input()
+            reader_for(lane, lease.chan).control("hello")
+            ok = True
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+        with lock:
+            leases.append((lease, ok))
+
+    threads = [threading.Thread(target=one, args=(lane,), daemon=True)
+               for lane, k in targets for _ in range(k)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for lease, ok in leases:
+        lease.release(ok)
+    return errors
 
 
 def peer_status(peer, unit_id: str) -> dict:

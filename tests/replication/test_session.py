@@ -190,3 +190,27 @@ def test_warm_receivers_are_bounded(site):
     assert remote.discard_idle(site.peer().session_key) == remote.MAX_IDLE
     wait_until(lambda: not receivers(site.pool), 20, "no receiver left")
     ssh.close_all()
+
+
+def test_warm_leaves_every_stripe_of_a_large_sync_warm(site):
+    """remote.warm (a worker at start, workers.main.keep_peers_warm) logs in on every connection
+    striping uses and greets a receiver for the master and each stripe: the first striped sync
+    then opens no channel and no login."""
+    from drsvc.transport import LinkHints
+    link = LinkHints(stripes=4, connections=2)
+    peer = site.peer()
+    peer.link = link
+    warmed = remote.warm(peer)["warm"]
+    assert warmed == {0: 2, 1: 2}, "the master and stripe 1 on connection 0, stripes 0 and 2 on 1"
+    assert len(connections(site.proc.pid)) == 2
+    write_at(site.primary / "images" / "v.img", 0, os.urandom(6 * MiB))
+    sync_peer = site.peer()
+    sync_peer.link = link
+    r = sync_unit(site.primary, "v", ["v"], sync_peer, link=link)
+    assert r.stripes == 4
+    assert r.channels_opened == 0, "every stripe found a warm receiver"
+    assert sync_peer.connects == 0 and len(connections(site.proc.pid)) == 2
+    assert sha(site.pool / "images" / "v.img") == sha(site.primary / "images" / "v.img")
+    for i in range(2):
+        remote.discard_idle(peer.lane(i).session_key)
+    ssh.close_all()
