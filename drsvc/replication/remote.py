@@ -23,7 +23,7 @@ from .blockmap import BlockMap
 from .protocol import T_CONTROL, T_HASHES, FrameReader
 from .striping import stripe_count
 
-MAX_IDLE = 8            # warm receivers kept per peer session (a master and its stripes)
+MAX_IDLE = 16           # warm receivers kept per peer connection (a master and its stripes)
 IDLE_TTL = 600.0        # seconds a warm receiver may wait unused
 
 _LOCK = threading.Lock()
