@@ -128,6 +128,15 @@ class Attempt:
     one_flight: bool = False                  # no status asked: begin, records and trailer at once
     t0: float = field(default_factory=time.monotonic)   # start of the sync
 
+    def report_so_far(self) -> dict:
+        """The report as it stands now, this attempt's session counts included (the driver
+        adds them to ``report`` only when the attempt ends, after the adopt saved a copy)."""
+        d = self.report.to_dict()
+        if self.session is not None:
+            d["round_trips"] += self.session.round_trips
+            d["channels_opened"] += self.session.channels_opened
+        return d
+
     def drop_early(self) -> None:
         if self.early is not None:
             shutil.rmtree(self.early.dir, ignore_errors=True)

@@ -214,3 +214,14 @@ def test_warm_leaves_every_stripe_of_a_large_sync_warm(site):
     for i in range(2):
         remote.discard_idle(peer.lane(i).session_key)
     ssh.close_all()
+
+
+def test_saved_report_counts_the_round_trips(site):
+    """The report kept in state.json (what `drsvc status` and the failover bench read) counts
+    the round trips and fresh channels of the attempt that adopted, as the returned one does."""
+    from drsvc.replication.state import find_state
+    _sync(site, 1)
+    _, r = _sync(site, 2)
+    saved = find_state(site.primary, "v").reports[-1]
+    assert r.round_trips >= 1
+    assert (saved["round_trips"], saved["channels_opened"]) == (r.round_trips, r.channels_opened)
