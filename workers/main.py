@@ -75,16 +75,19 @@ WARM_EVERY = 300.0       # seconds; a warm receiver is dropped after remote.IDLE
 
 
 def keep_peers_warm(cfg) -> None:
-    """Each pool process logs in to every peer when it starts, and greets a receiver there
-    every WARM_EVERY seconds: a Demote's final sync, or the first sync after a quiet spell,
-    then costs its round trips, not a login's (about nine over SSH)."""
+    """Each pool process logs in to every peer when it starts, on every connection striping
+    uses, and greets there the receivers a large sync takes (the master and its stripes,
+    ``remote.warm``) every WARM_EVERY seconds: a Demote's final sync, or the first sync after
+    a quiet spell, then costs its round trips, not a login's (about nine over SSH) nor a
+    receiver's start."""
     def loop():
         while True:
             for p in cfg.peers.values():
                 try:
                     peer = connect(p)
                     if peer.session_key is not None:     # a transport that keeps connections
-                        remote.warm(peer)
+                        caps = cfg.bandwidth_caps(p.name).values()    # sizes N as a sync's limit does
+                        remote.warm(peer, bwlimit=min(caps) if caps else None)
                 except Exception as e:  # noqa: BLE001 - the peer may be down; syncs report that
                     log.debug("peer %s not warmed: %s", p.name, e)
             time.sleep(WARM_EVERY)
