@@ -82,30 +82,42 @@ class Lease:
         if self.key is None:
             self.chan = peer.open(verb, *args)
             self.version = protocol.VERSION     # a receiver started for us, from this release
-        else:
-            chan = None if fresh else _take(self.key)
-            if chan is None:
-                chan = peer.open("serve")
-                try:
-                    hello = protocol.check_greeting(_first_control(peer, chan))
-                except BaseException:
-                    chan.close()
-                    raise
-                # the conversation's version: the highest both speak (a v3 peer lists only 3)
-                chan.drsvc_version = max(set(hello.get("versions") or [hello["version"]])
-                                         & set(protocol.SUPPORTED_VERSIONS))
-            else:
-                self.reused = True
-            self.chan = chan
-            self.version = getattr(chan, "drsvc_version", protocol.VERSION)
-        self.start = self.chan.bytes_sent
-        if self.key is not None:
-            try:
-                self.chan.send(protocol.encode_control(
-                    {"type": "request", "verb": verb, "args": list(args), "version": self.version}))
-            except BaseException:
-                self.chan.close()
+            self.start = self.chan.bytes_sent
+            return
+        request = {"type": "request", "verb": verb, "args": list(args)}
+        try:
+            self._ask(request, fresh)
+        except PeerUnreachable:
+            if not self.reused:
                 raise
+            discard_idle(self.key)      # a warm receiver that went away while idle: its siblings likely too
+            self._ask(request, True)
+
+    def _ask(self, request: dict, fresh: bool) -> None:
+        """Send *request* on a warm receiver (or a fresh one)."""
+        chan = None if fresh else _take(self.key)
+        self.reused = chan is not None
+        self.chan = chan if chan is not None else self._open_serve()
+        self.version = getattr(self.chan, "drsvc_version", protocol.VERSION)
+        self.start = self.chan.bytes_sent
+        try:
+            self.chan.send(protocol.encode_control(dict(request, version=self.version)))
+        except BaseException:
+            self.chan.close()
+            raise
+
+    def _open_serve(self):
+        """A fresh `serve` receiver, greeted."""
+        chan = self.peer.open("serve")
+        try:
+            hello = protocol.check_greeting(_first_control(self.peer, chan))
+        except BaseException:
+            chan.close()
+            raise
+        # the conversation's version: the highest both speak (a v3 peer lists only 3)
+        chan.drsvc_version = max(set(hello.get("versions") or [hello["version"]])
+                                 & set(protocol.SUPPORTED_VERSIONS))
+        return chan
 
     @property
     def serving(self) -> bool:
@@ -381,9 +393,18 @@ class ApplySession:
     def begin(self, tx: dict, *, one_flight: bool = False) -> dict | None:
         """Open the transaction. Its ``ready`` is read (one round trip), unless *one_flight*
         (version 4): then nothing is waited for, and :meth:`watch` reads the one answer."""
+        msg = dict(tx, type="begin", unit=self.unit_id, version=self.version,
+                   **({"one_flight": True} if one_flight else {}))
+        try:
+            self.send_control(msg)
+        except PeerUnreachable:
+            # a one flight's begin is the first word on its channel: a reused one found dead
+            # (its receiver or connection went away while idle) is replaced, as for a status
+            was = self.version
+            if not self._retry_fresh() or self.version != was:
+                raise
+            self.send_control(msg)
         self._talked = self._in_tx = True
-        self.send_control(dict(tx, type="begin", unit=self.unit_id, version=self.version,
-                               **({"one_flight": True} if one_flight else {})))
         return None if one_flight else self._read("ready")
 
     def watch(self) -> threading.Event:

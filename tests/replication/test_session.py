@@ -113,6 +113,21 @@ def test_killed_receiver_between_syncs_is_replaced(site):
     assert peer_status(site.peer(), "v")["generation"] == 2
 
 
+def test_one_flight_on_a_dead_warm_receiver_starts_a_fresh_one(site):
+    """The race the test above can hit under load, made certain: the warm channel a one-flight
+    sync takes still looks alive (paramiko has not yet seen its close) but its receiver is
+    gone; the begin, the first word on it, is sent once more on a fresh receiver."""
+    _sync(site, 0)
+    [(chan, _)] = remote._IDLE[site.peer().session_key]
+    (old,) = receivers(site.pool)
+    os.kill(old, signal.SIGKILL)
+    wait_until(lambda: chan.chan.closed, 20, "paramiko to see the channel closed")
+    chan.alive = lambda: True       # as when it was taken just before the close arrived
+    peer, r = _sync(site, 1)
+    assert r.channels_opened == 1 and peer.connects == 0
+    assert r.round_trips == 1, "still one flight"
+
+
 def test_changed_known_hosts_forces_a_fresh_checked_login(site, tmp_path):
     _sync(site, 0)
     kh = tmp_path / "known_hosts"
