@@ -6,7 +6,9 @@ receiver that answers request after request. A channel is put back only after a
 conversation that ended cleanly (every reply read, no transaction open); any
 error closes it. A request that fails on a reused channel (the connection or the
 receiver went away while idle) is sent once more on a fresh one: status, hashes,
-hello and release are idempotent, and a transaction resumes by its handshake.
+hello and release are idempotent, and a transaction resumes by its handshake. A warm
+receiver found dead as the request itself (or a one flight's ``begin``, the first word of
+its conversation) is sent goes the same way at once: nothing reached it.
 """
 from __future__ import annotations
 
