@@ -111,7 +111,8 @@ def _failovers(args, rnd, lab, A: Calls, B: Calls, res: CaseResult) -> None:
         demote = A.timed("DemoteVolume", volume_id=vids[i])
         promote = B.timed("PromoteVolume", volume_id=vids[i])
         rep = find_state(sa.pool, vids[i]).reports[-1]
-        return {"wall_s": demote + promote, "report": {"bytes_on_wire": rep["bytes_on_wire"], "phases": {
+        return {"wall_s": demote + promote, "report": {"bytes_on_wire": rep["bytes_on_wire"],
+                                                       "round_trips": rep.get("round_trips"), "phases": {
             **rep.get("phases", {}), "demote_s": round(demote, 4), "promote_s": round(promote, 4)}}}
     measure(res, args.repeat, make_cold=lambda: None, change=change, drsvc=failover, rsync=None)
     res.verified = all(same_content(sa.pool / "images" / f"{v}.img", sb.pool / "images" / f"{v}.img") for v in vids)

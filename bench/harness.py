@@ -157,6 +157,11 @@ class CaseResult:
         print(f"           phase medians {d['drsvc_phases_median']}; peak RSS sender "
               f"{self.rss['sender'] / MiB:.1f} MiB, receiver {self.rss['receiver'] / MiB:.1f} MiB; "
               f"replica matches source: {self.verified}", flush=True)
+        if rt := self.extra.get("round_trips"):
+            print(f"           round trips per sync (replies waited for, the sync report's): {rt}", flush=True)
+        if wm := self.extra.get("warm"):
+            print(f"           session: warm as a worker's (remote.warm at its start, {wm['s']:.2f} s: "
+                  f"receivers per connection {wm['receivers']}, rtt {wm['rtt_s'] or 0:.3f} s)", flush=True)
         if ch := self.extra.get("channel"):
             print(f"           ceiling: {channel_text(ch)} (medians of {len(ch['runs']['drsvc'])})", flush=True)
         if wc := self.extra.get("wan_ceilings"):
@@ -187,6 +192,7 @@ def measure(res: CaseResult, repeat: int, *, change: Callable[[int], Run], drsvc
         res.drsvc_wire.append(d["report"]["bytes_on_wire"])
         res.phases.append(d["report"]["phases"])
         res.ranges_cloned.append(d["report"].get("ranges_cloned", 0))
+        res.extra.setdefault("round_trips", []).append(d["report"].get("round_trips"))
         if rsync is not None:
             make_cold()
             t, w = rsync(i)

@@ -3,8 +3,9 @@
     python -m bench.worker --socket PATH --port N --key K --known-hosts F
 
 It keeps what a Celery worker process keeps between tasks (the imported engine,
-the cached SSH connection and warm receivers), so a sync's wall time is what a
-worker spends on it. Requests and replies are JSON lines on a unix socket:
+the cached SSH connections and warm receivers, warmed at start by ``remote.warm`` as
+``workers.main.keep_peers_warm`` does), so a sync's wall time is what a worker
+spends on it. Requests and replies are JSON lines on a unix socket:
 {"pool", "unit", "members"?} -> {"wall_s", "report", "rss"} or {"error"}.
 The parent side is :class:`SyncWorker`.
 """
@@ -31,12 +32,19 @@ REPO = Path(__file__).resolve().parents[1]       # `-m bench.worker` wherever th
 def serve(args) -> None:
     from drsvc.replication import sync_unit
     from drsvc.transport.ssh import SshPeer
+    from drsvc.replication import remote
     peer = SshPeer("127.0.0.1", port=args.port, key_file=args.key, known_hosts=args.known_hosts)
+    t = time.monotonic()
+    warmed = remote.warm(peer)["warm"]      # as workers.main.keep_peers_warm does at start
+    warm = {"s": round(time.monotonic() - t, 3), "receivers": {str(k): v for k, v in warmed.items()},
+            "rtt_s": peer.rtt()}
     srv = socket.socket(socket.AF_UNIX)
     srv.bind(args.socket)
     srv.listen(1)
     conn, _ = srv.accept()
     f = conn.makefile("rwb")
+    f.write(json.dumps({"warm": warm}).encode() + b"\n")
+    f.flush()
     for line in f:
         req = json.loads(line)
         t = time.monotonic()
@@ -76,6 +84,7 @@ class SyncWorker:
                 time.sleep(0.02)
         self.sock = s
         self.f = s.makefile("rwb")
+        self.warm = json.loads(self.f.readline() or b"{}").get("warm")
         return self
 
     @property
@@ -122,10 +131,13 @@ if __name__ == "__main__":
 
 @contextlib.contextmanager
 def case_worker(ctx, res):
-    """A fresh warm worker for one case: its session opened by a sync of the warm-up unit
-    (untimed); the peak RSS of the worker and of the receivers serving it go to *res*."""
+    """A fresh warm worker for one case: warm as a production worker is (``remote.warm`` at
+    its start: every connection logged in, a receiver greeted for the master and each
+    stripe), then a sync of the warm-up unit (untimed); the peak RSS of the worker and of
+    the receivers serving it go to *res*."""
     from .rss import PeakRss, receiver_of
     with PeakRss(receiver_of(ctx.b)) as rr, SyncWorker(ctx.site, ctx.tmp) as w:
+        res.extra["warm"] = w.warm
         out = w.sync(ctx.a, ctx.warmup_unit)
         res.extra["warmup_connect_s"] = round(out["report"]["phases"].get("connect_s", 0.0), 4)
         try:

@@ -25,7 +25,7 @@ Example::
     # bwlimit = "50mbit"                                 # syncs to this peer together, under the site's
     # link_rate = "1gbit"                                # the path's rate (bytes/s, or "100mbit", "1gbit")
     # connections = 2                                    # SSH connections a large sync's stripes spread over
-    # max_stripes = 8                                    # channels one sync may take (1: never stripe)
+    # max_stripes = 16                                   # channels one sync may take (1: never stripe)
     # window = 2097152                                   # the peer sshd's channel window (HPN-SSH: larger)
     # stripes = 0                                        # fix the channels of every sync (0: from RTT and rate)
 
@@ -89,7 +89,7 @@ class PeerConfig:
     nodes: dict = field(default_factory=dict)   # a multi-node peer: node -> (host, port) of its sshd
     link_rate: float = 0.0        # bytes/s of the path (0: unknown); sizes a large sync's stripes
     connections: int = 2          # SSH connections the stripes of one sync spread over
-    max_stripes: int = 8          # channels one sync may take
+    max_stripes: int = 16         # channels one sync may take
     window: int = 2 << 20         # the peer sshd's channel window
     stripes: int = 0              # channels of every sync, fixed (0: from the measured RTT and the rate)
 
@@ -309,7 +309,7 @@ def _peer(name: str, p: dict, where: str, rel) -> PeerConfig:
             raise ConfigInvalid(where=where, reason=f"nodes.{node} needs host (and port)")
         nodes[node] = (addr["host"], int(addr.get("port", 22)))
     counts = {k: _whole(p, k, default, low, where) for k, default, low in
-              (("max_syncs", 0, 0), ("connections", 2, 1), ("max_stripes", 8, 1), ("window", 2 << 20, 32 << 10),
+              (("max_syncs", 0, 0), ("connections", 2, 1), ("max_stripes", 16, 1), ("window", 2 << 20, 32 << 10),
                ("stripes", 0, 0))}
     return PeerConfig(name=name, host=p.get("host", ""), port=int(p.get("port", 22)), user=p.get("user", "root"),
                       known_hosts=path("known_hosts"), key=path("key"), transport=transport, pool=path("pool"),

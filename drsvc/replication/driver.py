@@ -129,6 +129,15 @@ class Attempt:
     one_flight: bool = False                  # no status asked: begin, records and trailer at once
     t0: float = field(default_factory=time.monotonic)   # start of the sync
 
+    def report_so_far(self) -> dict:
+        """The report as it stands now, this attempt's session counts included (the driver
+        adds them to ``report`` only when the attempt ends, after the adopt saved a copy)."""
+        d = self.report.to_dict()
+        if self.session is not None:
+            d["round_trips"] += self.session.round_trips
+            d["channels_opened"] += self.session.channels_opened
+        return d
+
     def drop_early(self) -> None:
         if self.early is not None:
             shutil.rmtree(self.early.dir, ignore_errors=True)
@@ -221,15 +230,20 @@ def _fly(a: Attempt, planner: Planner) -> bool:
 
 def connect(a: Attempt, planner: Planner, open_session: SessionOpener) -> None:
     """Open the session and ask for the peer's status in a thread; meanwhile the planner
-    works ahead. Sets ``a.session`` (whenever it opened) and ``a.peer_st``. A fresh
+    works ahead. Sets ``a.session`` (whenever it opened) and ``a.peer_st``. The report's
+    ``connect_s`` is the longer of the two: ``open_s`` (the session, warm or not) and
+    ``ahead_s`` (the capture and plan of the next generation, a cold read of its blocks). A fresh
     generation over protocol 4 asks nothing (``a.one_flight``): the transaction's begin
     carries what the sender expects, and a refusal brings the status."""
     opened: dict = {}
     may_fly = a.pending is None and a.job.mode == "delta" and a.job.cut is None
 
+    t0 = time.monotonic()
+
     def _open():
         try:
             sess = open_session(a.job)
+            a.report.phases["open_s"] = round(time.monotonic() - t0, 4)
             opened["session"] = sess
             if may_fly and sess.version >= 4:
                 opened["fly"] = True
@@ -242,6 +256,7 @@ def connect(a: Attempt, planner: Planner, open_session: SessionOpener) -> None:
     opener.start()
     try:
         planner.ahead(a)
+        a.report.phases["ahead_s"] = round(time.monotonic() - t0, 4)
     finally:
         opener.join()
         a.session = opened.get("session")

@@ -6,7 +6,9 @@ receiver that answers request after request. A channel is put back only after a
 conversation that ended cleanly (every reply read, no transaction open); any
 error closes it. A request that fails on a reused channel (the connection or the
 receiver went away while idle) is sent once more on a fresh one: status, hashes,
-hello and release are idempotent, and a transaction resumes by its handshake.
+hello and release are idempotent, and a transaction resumes by its handshake. A warm
+receiver found dead as the request itself (or a one flight's ``begin``, the first word of
+its conversation) is sent goes the same way at once: nothing reached it.
 """
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ from ..transport.bandwidth import Bandwidth
 from . import protocol
 from .blockmap import BlockMap
 from .protocol import T_CONTROL, T_HASHES, FrameReader
+from .striping import stripe_count
 
-MAX_IDLE = 8            # warm receivers kept per peer session (a master and its stripes)
+MAX_IDLE = 16           # warm receivers kept per peer connection (a master and its stripes)
 IDLE_TTL = 600.0        # seconds a warm receiver may wait unused
 
 _LOCK = threading.Lock()
@@ -81,30 +84,42 @@ class Lease:
         if self.key is None:
             self.chan = peer.open(verb, *args)
             self.version = protocol.VERSION     # a receiver started for us, from this release
-        else:
-            chan = None if fresh else _take(self.key)
-            if chan is None:
-                chan = peer.open("serve")
-                try:
-                    hello = protocol.check_greeting(_first_control(peer, chan))
-                except BaseException:
-                    chan.close()
-                    raise
-                # the conversation's version: the highest both speak (a v3 peer lists only 3)
-                chan.drsvc_version = max(set(hello.get("versions") or [hello["version"]])
-                                         & set(protocol.SUPPORTED_VERSIONS))
-            else:
-                self.reused = True
-            self.chan = chan
-            self.version = getattr(chan, "drsvc_version", protocol.VERSION)
-        self.start = self.chan.bytes_sent
-        if self.key is not None:
-            try:
-                self.chan.send(protocol.encode_control(
-                    {"type": "request", "verb": verb, "args": list(args), "version": self.version}))
-            except BaseException:
-                self.chan.close()
+            self.start = self.chan.bytes_sent
+            return
+        request = {"type": "request", "verb": verb, "args": list(args)}
+        try:
+            self._ask(request, fresh)
+        except PeerUnreachable:
+            if not self.reused:
                 raise
+            discard_idle(self.key)      # a warm receiver that went away while idle: its siblings likely too
+            self._ask(request, True)
+
+    def _ask(self, request: dict, fresh: bool) -> None:
+        """Send *request* on a warm receiver (or a fresh one)."""
+        chan = None if fresh else _take(self.key)
+        self.reused = chan is not None
+        self.chan = chan if chan is not None else self._open_serve()
+        self.version = getattr(self.chan, "drsvc_version", protocol.VERSION)
+        self.start = self.chan.bytes_sent
+        try:
+            self.chan.send(protocol.encode_control(dict(request, version=self.version)))
+        except BaseException:
+            self.chan.close()
+            raise
+
+    def _open_serve(self):
+        """A fresh `serve` receiver, greeted."""
+        chan = self.peer.open("serve")
+        try:
+            hello = protocol.check_greeting(_first_control(self.peer, chan))
+        except BaseException:
+            chan.close()
+            raise
+        # the conversation's version: the highest both speak (a v3 peer lists only 3)
+        chan.drsvc_version = max(set(hello.get("versions") or [hello["version"]])
+                                 & set(protocol.SUPPORTED_VERSIONS))
+        return chan
 
     @property
     def serving(self) -> bool:
@@ -158,12 +173,59 @@ def hello(peer) -> dict:
     return _call(peer, "hello", expect="hello")
 
 
-def warm(peer) -> dict:
-    """Leave a greeted receiver warm on the peer's connection and its RTT measured (a worker
-    does it when it starts, so its first sync or a Demote's final sync opens no login)."""
+RTT_WAIT = 2.0     # seconds warm() waits for the connection's first RTT measurement
+
+
+def warm(peer, *, bwlimit: float | None = None) -> dict:
+    """Leave the peer as a sync finds it in a busy worker: every connection striping uses
+    logged in, and a greeted receiver warm for the master and for each stripe a large
+    transaction over this path takes (``striping.stripe_count`` of the measured RTT), so
+    neither a worker's first sync nor a Demote's final sync opens a login or a channel.
+    Returns the hello, with ``warm`` = {lane: receivers} added."""
     msg = hello(peer)
-    peer.rtt()
-    return msg
+    n = stripe_count(1 << 62, rtt=peer.rtt(wait=RTT_WAIT), link=peer.link, bwlimit=bwlimit)
+    lanes = max(1, peer.link.connections) if n > 1 else 1
+    want = {0: 1}
+    for i in range(n - 1):          # stripe i rides lane (i + 1) % lanes (open_stripes)
+        want[(i + 1) % lanes] = want.get((i + 1) % lanes, 0) + 1
+    errors = _greet_all([(peer.lane(lane), k) for lane, k in want.items()])
+    if errors:
+        raise errors[0]
+    return dict(msg, warm=want)
+
+
+def _greet_all(targets) -> list[BaseException]:
+    """Hold k greeted receivers at once on each (peer lane, k), in parallel, then put them
+    all back warm (held together, so each is a receiver of its own)."""
+    leases: list[tuple[Lease, bool]] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def one(lane) -> None:
+        try:
+            lease = Lease(lane, "hello")
+        except BaseException as e:  # noqa: BLE001 - returned to the caller
+            errors.append(e)
+            return
+        ok = False
+        try:
+            lease.end_input()
+            reader_for(lane, lease.chan).control("hello")
+            ok = True
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+        with lock:
+            leases.append((lease, ok))
+
+    threads = [threading.Thread(target=one, args=(lane,), daemon=True)
+               for lane, k in targets for _ in range(k)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for lease, ok in leases:
+        lease.release(ok)
+    return errors
 
 
 def peer_status(peer, unit_id: str) -> dict:
@@ -333,9 +395,18 @@ class ApplySession:
     def begin(self, tx: dict, *, one_flight: bool = False) -> dict | None:
         """Open the transaction. Its ``ready`` is read (one round trip), unless *one_flight*
         (version 4): then nothing is waited for, and :meth:`watch` reads the one answer."""
+        msg = dict(tx, type="begin", unit=self.unit_id, version=self.version,
+                   **({"one_flight": True} if one_flight else {}))
+        try:
+            self.send_control(msg)
+        except PeerUnreachable:
+            # a one flight's begin is the first word on its channel: a reused one found dead
+            # (its receiver or connection went away while idle) is replaced, as for a status
+            was = self.version
+            if not self._retry_fresh() or self.version != was:
+                raise
+            self.send_control(msg)
         self._talked = self._in_tx = True
-        self.send_control(dict(tx, type="begin", unit=self.unit_id, version=self.version,
-                               **({"one_flight": True} if one_flight else {})))
         return None if one_flight else self._read("ready")
 
     def watch(self) -> threading.Event:

@@ -180,7 +180,7 @@ class Ship(Step):
         a.report.duration_s = time.monotonic() - a.t0
         t = time.monotonic()
         adopt(j.layout, a.st, prepared, epoch=j.epoch, peer_name=j.peer.name, demote=j.demote,
-              report=a.report.to_dict())
+              report=a.report_so_far())
         a.report.phases["adopt_s"] = round(time.monotonic() - t, 4)
         a.prepared = None
 

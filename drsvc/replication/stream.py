@@ -91,9 +91,13 @@ def stream(session: Session, prepared: Prepared, report: SyncReport, *, unit_id:
     report.phases["stream_s"] = round(t_end - t0, 4)
     # of which: the records out (the last one handed to the channels), and the wait for the answer
     report.phases["send_s"], report.phases["answer_s"] = round(t_sent - t0, 4), round(t_end - t_sent, 4)
+    peer_s = 0.0
     for k in ("sync_s", "apply_s"):          # the peer's commit, inside stream_s
         if isinstance(reply.get(k), (int, float)):
             report.phases[f"peer_{k}"] = reply[k]
+            peer_s += reply[k]
+    # the answer's wait less the peer's commit: the trip back and the data still in flight
+    report.phases["answer_wire_s"] = round(max(0.0, t_end - t_sent - peer_s), 4)
     report.stripes = n
     _report_generation(report, meta, sent, two_phase)
     report.bytes_on_wire = session.bytes_sent   # the whole conversation, control included

@@ -24,7 +24,7 @@ class LinkHints:
     rate: float = 0.0
     window: int = WINDOW
     connections: int = 2
-    max_stripes: int = 8
+    max_stripes: int = 16
     stripes: int = 0
 
 

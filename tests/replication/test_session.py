@@ -113,6 +113,21 @@ def test_killed_receiver_between_syncs_is_replaced(site):
     assert peer_status(site.peer(), "v")["generation"] == 2
 
 
+def test_one_flight_on_a_dead_warm_receiver_starts_a_fresh_one(site):
+    """The race the test above can hit under load, made certain: the warm channel a one-flight
+    sync takes still looks alive (paramiko has not yet seen its close) but its receiver is
+    gone; the begin, the first word on it, is sent once more on a fresh receiver."""
+    _sync(site, 0)
+    [(chan, _)] = remote._IDLE[site.peer().session_key]
+    (old,) = receivers(site.pool)
+    os.kill(old, signal.SIGKILL)
+    wait_until(lambda: chan.chan.closed, 20, "paramiko to see the channel closed")
+    chan.alive = lambda: True       # as when it was taken just before the close arrived
+    peer, r = _sync(site, 1)
+    assert r.channels_opened == 1 and peer.connects == 0
+    assert r.round_trips == 1, "still one flight"
+
+
 def test_changed_known_hosts_forces_a_fresh_checked_login(site, tmp_path):
     _sync(site, 0)
     kh = tmp_path / "known_hosts"
@@ -190,3 +205,38 @@ def test_warm_receivers_are_bounded(site):
     assert remote.discard_idle(site.peer().session_key) == remote.MAX_IDLE
     wait_until(lambda: not receivers(site.pool), 20, "no receiver left")
     ssh.close_all()
+
+
+def test_warm_leaves_every_stripe_of_a_large_sync_warm(site):
+    """remote.warm (a worker at start, workers.main.keep_peers_warm) logs in on every connection
+    striping uses and greets a receiver for the master and each stripe: the first striped sync
+    then opens no channel and no login."""
+    from drsvc.transport import LinkHints
+    link = LinkHints(stripes=4, connections=2)
+    peer = site.peer()
+    peer.link = link
+    warmed = remote.warm(peer)["warm"]
+    assert warmed == {0: 2, 1: 2}, "the master and stripe 1 on connection 0, stripes 0 and 2 on 1"
+    assert len(connections(site.proc.pid)) == 2
+    write_at(site.primary / "images" / "v.img", 0, os.urandom(6 * MiB))
+    sync_peer = site.peer()
+    sync_peer.link = link
+    r = sync_unit(site.primary, "v", ["v"], sync_peer, link=link)
+    assert r.stripes == 4
+    assert r.channels_opened == 0, "every stripe found a warm receiver"
+    assert sync_peer.connects == 0 and len(connections(site.proc.pid)) == 2
+    assert sha(site.pool / "images" / "v.img") == sha(site.primary / "images" / "v.img")
+    for i in range(2):
+        remote.discard_idle(peer.lane(i).session_key)
+    ssh.close_all()
+
+
+def test_saved_report_counts_the_round_trips(site):
+    """The report kept in state.json (what `drsvc status` and the failover bench read) counts
+    the round trips and fresh channels of the attempt that adopted, as the returned one does."""
+    from drsvc.replication.state import find_state
+    _sync(site, 1)
+    _, r = _sync(site, 2)
+    saved = find_state(site.primary, "v").reports[-1]
+    assert r.round_trips >= 1
+    assert (saved["round_trips"], saved["channels_opened"]) == (r.round_trips, r.channels_opened)

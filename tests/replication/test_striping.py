@@ -124,6 +124,8 @@ def test_stripe_count_follows_rate_rtt_and_window():
     assert stripe_count(512 * MiB, rtt=0.1, link=link) == 8                  # 1 Gbit/s x 100 ms
     assert stripe_count(512 * MiB, rtt=0.05, link=link, bwlimit=100e6 / 8) == 1   # 100 Mbit/s x 50 ms
     assert stripe_count(512 * MiB, rtt=0.0002, link=link) == 1               # a LAN
+    assert stripe_count(512 * MiB, rtt=0.2, link=link) == 15                 # 1 Gbit/s x 200 ms
+    assert stripe_count(512 * MiB, rtt=0.4, link=link) == 16                 # the default cap
     assert stripe_count(MiB, rtt=0.2, link=link) == 1                        # fits in one window
     assert stripe_count(512 * MiB, rtt=0.2, link=LinkHints(max_stripes=4)) == 4
     assert stripe_count(3 * MiB, rtt=0.2, link=link) == 3                    # a MiB a stripe at least
