@@ -62,14 +62,8 @@ def stream(session: Session, prepared: Prepared, report: SyncReport, *, unit_id:
     stripes = session.open_stripes(token, n - 1) if token else []
     came = session.watch() if one_flight else None
     try:
-        try:
-            sent, chain = _send_records(session, prepared, stripes, skip, held, v4, came, compress,
-                                        progress_path, unit_id)
-        except PeerUnreachable:
-            for s in stripes:
-                s.close()
-            _raise_peer_error(session, came)
-            raise
+        sent, chain = _send_or_say_why(session, stripes, came, lambda: _send_records(
+            session, prepared, stripes, skip, held, v4, came, compress, progress_path, unit_id))
         expect = "prepared" if two_phase else "committed"
         t_sent = time.monotonic()
         if came is not None and came.is_set():      # answered before the trailer: refused, or an error
@@ -103,12 +97,18 @@ def stream(session: Session, prepared: Prepared, report: SyncReport, *, unit_id:
     report.bytes_on_wire = session.bytes_sent   # the whole conversation, control included
 
 
-def _raise_peer_error(session: Session, came) -> None:
-    """A stripe's channel broke: when the receiver stopped because it refused something (a
-    pool out of space, a bad record), its typed error is on the master channel, which a
-    one flight's watcher reads; raise that rather than the stripe's lost connection."""
-    if came is not None and came.wait(ERROR_WAIT):
-        session.answer()       # raises the peer's error; a plain answer here is not expected
+def _send_or_say_why(session: Session, stripes, came, send):
+    """Run *send*. When a channel breaks and the receiver stopped because it refused
+    something (a pool out of space, a bad record), its typed error is on the master channel,
+    which a one flight's watcher reads: raise that rather than the lost connection."""
+    try:
+        return send()
+    except PeerUnreachable:
+        for s in stripes:
+            s.close()
+        if came is not None and came.wait(ERROR_WAIT):
+            session.answer()       # raises the peer's error; a plain answer here is not expected
+        raise
 
 
 def _stripe_count(session: Session, meta: dict, link: LinkHints, bwlimit: float | None) -> int:
