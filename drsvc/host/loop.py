@@ -78,8 +78,8 @@ def detach_image(image: Path) -> None:
     is detached, not a failure; one that still backs *image* after a failed detach is."""
     while (dev := find_attached(image)) is not None:
         r = runner.run(["losetup", "--detach", dev], timeout=60, check=False)
-        if r.returncode != 0 and backing_of(dev) == os.path.realpath(image):
-            raise CommandFailed(r.argv, r.returncode, (r.stderr or r.stdout)[-runner.STDERR_TAIL:])
+        if r.rc != 0 and backing_of(dev) == os.path.realpath(image):
+            raise CommandFailed(r.argv, r.rc, (r.stderr or r.stdout)[-runner.STDERR_TAIL:])
 
 
 def refresh_capacity(device: str) -> None:
