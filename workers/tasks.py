@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
+import time
 
 import redis
 from celery.exceptions import Ignore
@@ -17,6 +19,8 @@ from drsvc.errors import DrsvcError, Unavailable
 from . import inflight, slots
 
 log = logging.getLogger(__name__)
+
+RELEASE_RETRY_S = 120.0   # how long a finished task keeps trying to drop its claim while Redis is away
 OPS = ("enable", "disable", "promote", "demote", "resync", "sync")
 _services: dict = {}
 
@@ -137,11 +141,32 @@ class OpRun:
         if self.coming_back:
             return
         try:
-            inflight.release(self.r, self.cfg.scope, self.unit_id, self.task.request.id)
-            if self.op == "sync":
-                self.r.delete(sync_marker(self.cfg.scope, self.unit_id))
+            self._release_claim()
         except redis.RedisError as e:
-            log.warning("could not release in-flight marker of %s: %s", self.unit_id, e)
+            # Redis away as the task ends (a restart): its answer may be lost with it, and a
+            # claim left held would make every retry follow this finished task for hours.
+            # Keep trying while the broker comes back; the CO's retry then runs anew.
+            log.warning("could not release in-flight marker of %s (%s); retrying in the background",
+                        self.unit_id, e)
+            threading.Thread(target=self._release_later, name=f"drsvc-release-{self.unit_id}",
+                             daemon=True).start()
+
+    def _release_claim(self) -> None:
+        inflight.release(self.r, self.cfg.scope, self.unit_id, self.task.request.id)
+        if self.op == "sync":
+            self.r.delete(sync_marker(self.cfg.scope, self.unit_id))
+
+    def _release_later(self, for_s: float = RELEASE_RETRY_S) -> None:
+        deadline = time.monotonic() + for_s
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            try:
+                self._release_claim()
+                log.info("released the in-flight marker of %s", self.unit_id)
+                return
+            except redis.RedisError:
+                continue
+        log.warning("gave up releasing the in-flight marker of %s; it lapses with its TTL", self.unit_id)
 
 
 def _op_task(app, op: str):

@@ -78,7 +78,7 @@ def stripe_kills(lab, rnd, rounds):
         t.start()
         try:
             with peer_of(sa) as p:
-                sync_unit(sa.pool, vol, [vol], p, bwlimit=48 * MiB)
+                sync_unit(sa.pool, vol, [vol], p, bwlimit=16 * MiB)   # 0.5-1.5 s of records: a kill finds them under load too
         except DrsvcError:
             pass
         t.join()
