@@ -62,8 +62,9 @@ def test_peer_pool_full(small_peer_lab):
     st = wait_for(lambda: (s := status(A, vol)).status == "DEGRADED" and s, 60, what="DEGRADED")
     print("pool full:", st.status_message)
     assert "space" in st.status_message.lower(), st.status_message
-    # the replica keeps its last whole generation
-    assert generation(sb, vol) == before_gen
+    # the replica keeps its last whole generation: the bytes from before the filler (a
+    # scheduled sync with nothing new may still land a generation of its own under load)
+    assert generation(sb, vol) >= before_gen
     assert gens.check_whole(sb, vol) == before_sha
 
     filler.unlink()
