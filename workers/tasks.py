@@ -140,28 +140,26 @@ class OpRun:
                 log.warning("could not release sync slot %s (it lapses): %s", self.slot.holder, e)
         if self.coming_back:
             return
+        task_id = self.task.request.id     # now: the task object serves the next request later
         try:
-            self._release_claim()
+            inflight.release(self.r, self.cfg.scope, self.unit_id, task_id)
+            if self.op == "sync":
+                self.r.delete(sync_marker(self.cfg.scope, self.unit_id))
         except redis.RedisError as e:
             # Redis away as the task ends (a restart): its answer may be lost with it, and a
             # claim left held would make every retry follow this finished task for hours.
             # Keep trying while the broker comes back; the CO's retry then runs anew.
             log.warning("could not release in-flight marker of %s (%s); retrying in the background",
                         self.unit_id, e)
-            threading.Thread(target=self._release_later, name=f"drsvc-release-{self.unit_id}",
+            threading.Thread(target=self._release_later, args=(task_id,), name=f"drsvc-release-{self.unit_id}",
                              daemon=True).start()
 
-    def _release_claim(self) -> None:
-        inflight.release(self.r, self.cfg.scope, self.unit_id, self.task.request.id)
-        if self.op == "sync":
-            self.r.delete(sync_marker(self.cfg.scope, self.unit_id))
-
-    def _release_later(self, for_s: float = RELEASE_RETRY_S) -> None:
+    def _release_later(self, task_id: str, for_s: float = RELEASE_RETRY_S) -> None:
         deadline = time.monotonic() + for_s
         while time.monotonic() < deadline:
             time.sleep(0.5)
             try:
-                self._release_claim()
+                inflight.release(self.r, self.cfg.scope, self.unit_id, task_id)   # only if still ours
                 log.info("released the in-flight marker of %s", self.unit_id)
                 return
             except redis.RedisError:
