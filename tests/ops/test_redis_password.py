@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 import redis
 
-from drsvc import runner
 from drsvc.config import load
 from drsvc.errors import ConfigInvalid
-from drsvc_lab import free_port, wait_port
+from drsvc_lab import free_port, spawn_redis
 
 PASSWORD = "p@ss:w/rd #1"        # characters a URL must quote
 
@@ -16,12 +15,8 @@ PASSWORD = "p@ss:w/rd #1"        # characters a URL must quote
 @pytest.fixture
 def guarded_redis(tmp_path):
     port = free_port()
-    with open(tmp_path / "redis.log", "wb") as log:
-        proc = runner.spawn(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(tmp_path), "--requirepass", PASSWORD],
-                            stdout=log, stderr=log)
+    proc = spawn_redis(tmp_path / "redis", port, PASSWORD, persist=False)
     try:
-        wait_port(port)
         yield port
     finally:
         proc.kill()

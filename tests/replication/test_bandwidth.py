@@ -26,9 +26,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from drsvc import runner
 from drsvc.config import parse
-from drsvc_lab import free_port, wait_port
+from drsvc_lab import free_port, spawn_redis
 from drsvc.replication import sync_unit
 from drsvc.transport.bandwidth import TokenBucket
 from drsvc.transport.local import LocalPeer
@@ -209,10 +208,7 @@ def own_redis(tmp_path):
     procs = []
 
     def start():
-        with open(tmp_path / "redis.log", "ab") as log:
-            procs.append(runner.spawn(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                       "--appendonly", "no", "--dir", str(tmp_path)], stdout=log, stderr=log))
-        wait_port(port)
+        procs.append(spawn_redis(tmp_path / "redis", port, persist=False))
 
     def stop():
         procs[-1].kill()
