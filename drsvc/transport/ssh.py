@@ -43,6 +43,7 @@ _RECV = 1 << 20
 
 _LOCK = threading.Lock()
 _CLIENTS: dict[tuple, paramiko.SSHClient] = {}
+_LOGINS: dict[tuple, threading.Lock] = {}   # one login in flight per connection key
 RTT_TTL = 60.0          # seconds a connection's measured round trip is trusted before a new probe
 
 
@@ -51,6 +52,7 @@ def _forget_after_fork() -> None:
     global _LOCK
     _LOCK = threading.Lock()
     _CLIENTS.clear()
+    _LOGINS.clear()
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
@@ -216,29 +218,26 @@ class SshPeer(Peer):
         return t
 
     def connect(self) -> paramiko.SSHClient:
+        """The cached connection, or a new login. Logins are one-flight per key: stripes that
+        share a lane and ask at once wait for one login instead of racing to make several."""
         key = self.session_key
         with _LOCK:
-            cached = _CLIENTS.get(key)
-            if _alive(cached):
-                self._client = cached
-                return cached
+            login = _LOGINS.setdefault(key, threading.Lock())
+        with login:
+            with _LOCK:
+                cached = _CLIENTS.get(key)
+                if _alive(cached):
+                    self._client = cached
+                    return cached
+                _CLIENTS.pop(key, None)
             if cached is not None:
-                del _CLIENTS[key]
-        if cached is not None:
-            cached.close()
-        client = self._login()
-        with _LOCK:
-            other = _CLIENTS.get(key)
-            if _alive(other):        # another thread logged in meanwhile: keep one
-                keep, drop = other, client
-            else:
-                _CLIENTS[key] = keep = client
-                drop = None
-        if drop is not None:
-            drop.close()
-        self._client = keep
+                cached.close()
+            client = self._login()
+            with _LOCK:
+                _CLIENTS[key] = client
+        self._client = client
         self.rtt()            # a first measurement, in the background, while the caller goes on
-        return keep
+        return client
 
     def drop(self) -> None:
         """Forget and close the cached connection (it failed under us)."""

@@ -100,6 +100,28 @@ def test_dropped_connection_between_syncs_is_replaced(site):
     assert peer.connects == 0
 
 
+def test_stripes_asking_at_once_share_one_login(site):
+    """Stripes dealt to one lane open their channels from threads of their own: the first
+    to ask logs in and the rest wait for it (a race made extra logins, each a handshake
+    over the WAN, and the losers were dropped)."""
+    import threading
+    ssh.close_all()
+    peers = [site.peer().lane(1) for _ in range(6)]
+    go = threading.Barrier(len(peers))
+
+    def ask(p):
+        go.wait()
+        p.connect()
+    threads = [threading.Thread(target=ask, args=(p,)) for p in peers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(p.connects for p in peers) == 1
+    assert len({id(p._client) for p in peers}) == 1
+    assert len(connections(site.proc.pid)) == 1
+
+
 def test_killed_receiver_between_syncs_is_replaced(site):
     _sync(site, 0)
     (old,) = receivers(site.pool)
