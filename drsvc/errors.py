@@ -268,6 +268,11 @@ class RoundAborted(Unavailable):
                 "aborted everywhere and the next one captures again")
 
 
+class TransactionEnded(Unavailable):
+    template = ("unit {unit_id!r}: its transaction ended before this stripe's records were journaled; "
+                "the sender resumes after what landed")
+
+
 class ImageInUse(PreconditionFailed):
     template = ("replica image of {volume_id!r} (unit {unit_id!r}) is attached read-write "
                 "({holder}); the receiver applies nothing under it")

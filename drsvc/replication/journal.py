@@ -39,7 +39,7 @@ import threading
 from pathlib import Path
 
 from .. import store
-from ..errors import StreamCorrupt
+from ..errors import StreamCorrupt, TransactionEnded
 from ..host.reflink import UNSUPPORTED, clone_file_range, start_writeback
 from . import pointcommit, protocol
 from .blockmap import punch_hole
@@ -241,6 +241,7 @@ class Journal:
         self._writer = _Writer()
         self._unflushed = 0     # payload bytes journaled since the record headers last left our buffer
         self._lock = threading.Lock()   # stripes append from threads of their own
+        self._sealed = False            # the transaction ended: no appends, from any thread
         self.index = _Index()
 
     @property
@@ -326,6 +327,13 @@ class Journal:
             shutil.rmtree(self.dir)
             store.fsync_dir(self.dir.parent)
 
+    def seal(self) -> None:
+        """The transaction ended (it failed): every later append raises TransactionEnded.
+        Returns once no append is under way, so a stripe's thread still reading its channel
+        cannot queue a write while (or after) the journal closes."""
+        with self._lock:
+            self._sealed = True
+
     def close(self) -> None:
         self._writer.stop()          # before the fds it writes to are closed
         if self._records is not None:
@@ -402,6 +410,8 @@ class Journal:
         if end > m["size"]:
             raise StreamCorrupt(reason=f"record [{hdr.offset}, {end}) beyond image size {m['size']}")
         with self._lock:
+            if self._sealed:
+                raise TransactionEnded(unit_id=self.unit_id)
             index = hdr.index if hdr.index >= 0 else len(self.index.entries)
             if not self.index.add(index, (hdr.member, data is None, hdr.offset, hdr.length, hdr.checksum)):
                 return

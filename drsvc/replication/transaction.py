@@ -217,6 +217,9 @@ class Transaction:
                     raise StreamCorrupt(reason=f"expected commit, got {msg['type']!r}")
                 return self.finish(msg, out)
         except BaseException:
+            # stripe threads may still be reading their channels: none may append from here
+            # on (the journal is about to be synced and closed under them)
+            self.journal.seal()
             self._keep_received()
             raise
         finally:

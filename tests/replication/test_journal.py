@@ -157,3 +157,41 @@ def test_scan_keeps_every_landed_record_of_interleaved_stripes(xfs_mod):
     k.apply()
     img = lay.image("v").read_bytes()
     assert all(img[i * BS:(i + 1) * BS] == payloads[i] for i in range(8))
+
+
+def test_a_sealed_journal_takes_no_more_appends_from_any_thread(tmp_path):
+    """A striped transaction that fails at its master (its channel cut) closes the journal
+    while stripe threads may still be appending what their channels carried. seal() fences
+    them off first: before it, a stripe's append could restart the journal's writer thread
+    as it stopped, and the two writer threads raced for the one stop marker, so close() could
+    wait forever and the receiver kept the unit's lock (seen in the connection-cut fault test
+    under load)."""
+    import threading
+
+    from drsvc.errors import TransactionEnded
+    lay, j = _fresh_journal(tmp_path / "pool", 64 * BS)
+    data = os.urandom(BS)
+    ck = protocol.payload_checksum(data)
+    started, errors, appended = threading.Event(), [], []
+
+    def stripe(first):
+        try:
+            for i in range(first, 10_000, 2):
+                j.append(protocol.RecordHeader(0, protocol.CODEC_RAW, (i % 64) * BS, BS, ck, i), data)
+                appended.append(i)
+                started.set()
+        except TransactionEnded as e:
+            errors.append(e)
+    threads = [threading.Thread(target=stripe, args=(k,)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    started.wait(10)
+    j.seal()
+    n = len(appended)
+    j.close()
+    for t in threads:
+        t.join(10)
+        assert not t.is_alive()
+    assert len(errors) == 2 and "transaction ended" in str(errors[0])
+    assert len(appended) <= n + 2          # at most the appends already under way when seal() came
+    assert j._writer._thread is None
