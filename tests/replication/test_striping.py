@@ -76,7 +76,9 @@ def test_a_striped_sync_is_byte_equal(xfs_mod):
     assert r.stripes == 4 and r.steps == ["sync"]
     assert _images(a, b, ["v1", "v2"])
     stripes = peer.sent("stripe")
-    assert len(stripes) == 3 and all(n > MiB for n in stripes), stripes   # every stripe carried data
+    # channels take the next batch when free: a stripe that opened late on a loaded machine
+    # may find the queue drained (seen once: 22 bytes, its end frame), so two of three must carry
+    assert len(stripes) == 3 and sum(n > MiB for n in stripes) >= 2, stripes
     for i in range(64):                                             # then a delta (data.bin)
         write_at(a / "images" / "v1.img", i * 700 * 1024, os.urandom(8192))
     write_at(a / "images" / "v2.img", 2 * MiB, bytes(2 * MiB))      # a zero range
