@@ -55,7 +55,10 @@ def test_commands_say_what_changed_and_where(lab):
     assert line == f"site a: {vid} is already primary (epoch 0); nothing changed"
     assert res["changed"] is False and res["site"] == "a"
     assert RFC3339.match(res["last_sync_time"]) and isinstance(res["last_sync_duration"], float), res
-    rc, st = run(sa, "status", "--volume", vid, as_json=True)
+    # Enable queues the initial sync itself; the scheduler publishes the unit's next run at its
+    # next reconcile (every 3 s), which a fast initial sync can beat
+    st = wait_for(lambda: (d := run(sa, "status", "--volume", vid, as_json=True)[1])["result"]["next_sync_time"]
+                  and d, 30, what="the scheduler to publish the next run")
     assert RFC3339.match(st["result"]["last_sync_time"]) and RFC3339.match(st["result"]["next_sync_time"])
 
     # a planned failover, sentence by sentence
