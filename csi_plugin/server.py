@@ -4,8 +4,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
-import threading
 from concurrent import futures
 from pathlib import Path
 
@@ -16,6 +14,7 @@ from grpc_reflection.v1alpha import reflection
 from drsvc.cluster import ClusterController, ClusterReplication
 from drsvc.controller import PoolController
 from drsvc.replication.api import ReplicationAPI
+from drsvc.signals import wait_for_stop
 from drsvc.site import Site
 
 from drsvc.config import load as load_config, socket_path
@@ -179,10 +178,7 @@ def _serve_controller(ap, args) -> int:
 
 
 def _run(server: grpc.Server, sock: Path) -> int:
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+    wait_for_stop()
     log.info("shutting down")
     server.stop(grace=10).wait()
     sock.unlink(missing_ok=True)

@@ -4,13 +4,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
-import threading
 
 from prometheus_client import start_http_server
 from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily
 
 from drsvc.config import SiteConfig, load
+from drsvc.signals import wait_for_stop
 from drsvc.site import Site
 
 from .titles import set_title
@@ -133,10 +132,7 @@ def main(argv=None) -> int:
     set_title("metrics", cfg)
     serve(cfg, address=args.address)
     log.info("serving /metrics for site %s on %s:%d", cfg.site, args.address, cfg.metrics_port)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+    wait_for_stop()
     return 0
 
 
