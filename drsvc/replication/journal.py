@@ -196,6 +196,33 @@ class _Cloner:
         self.copied += length
 
 
+class _Readahead:
+    """Asks the kernel for the replica's bytes each arriving record will overwrite, so
+    that the recovery points' undo copy at commit (``pointcommit.before_apply``) finds
+    them in the page cache: the reads run while the rest of the stream arrives, not
+    after it. Members without an image here (fresh ones) are skipped."""
+
+    def __init__(self, layout: PoolLayout, members):
+        self.fds: dict[int, int] = {}
+        for i, m in enumerate(members):
+            if m["fresh"]:
+                continue
+            try:
+                self.fds[i] = os.open(layout.image(m["volume_id"]), os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+
+    def want(self, member: int, offset: int, length: int) -> None:
+        fd = self.fds.get(member)
+        if fd is not None:
+            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+
 class _Index:
     """The plan indices a journal holds, and the manifest chain of their contiguous prefix.
 
@@ -242,6 +269,7 @@ class Journal:
         self._unflushed = 0     # payload bytes journaled since the record headers last left our buffer
         self._lock = threading.Lock()   # stripes append from threads of their own
         self._sealed = False            # the transaction ended: no appends, from any thread
+        self._readahead: _Readahead | None = None
         self.index = _Index()
 
     @property
@@ -334,8 +362,20 @@ class Journal:
         with self._lock:
             self._sealed = True
 
+    def read_ahead_overwritten(self) -> bool:
+        """When the unit keeps recovery points: read the replica's bytes under each record
+        as it arrives (``_Readahead``). Returns whether it does."""
+        if self._readahead is None and self.tx and pointcommit.keeps_undo(self.layout, self.unit_id):
+            with self._lock:
+                self._readahead = _Readahead(self.layout, self.tx["members"])
+        return self._readahead is not None
+
     def close(self) -> None:
         self._writer.stop()          # before the fds it writes to are closed
+        with self._lock:
+            if self._readahead is not None:
+                self._readahead.close()
+                self._readahead = None
         if self._records is not None:
             self._records.close()
             self._records = None
@@ -416,6 +456,8 @@ class Journal:
             if not self.index.add(index, (hdr.member, data is None, hdr.offset, hdr.length, hdr.checksum)):
                 return
             flags, pos = self._place(hdr, m, data)
+            if self._readahead is not None:
+                self._readahead.want(hdr.member, hdr.offset, hdr.length)
             if self._records is None:
                 self._records = open(self.records_path, "ab", buffering=_BUF)  # noqa: SIM115 - closed by close()
             codec = CODEC_ZERO if data is None else CODEC_RAW

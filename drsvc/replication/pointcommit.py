@@ -103,6 +103,13 @@ def _plan(idx: Index, tx: dict) -> tuple[Plan, Point]:
 
 
 # -- before the apply -------------------------------------------------------------------
+def keeps_undo(layout: PoolLayout, unit_id: str) -> bool:
+    """Whether a commit to the unit may copy what it overwrites into an undo log (it has
+    points)."""
+    idx = Index.find(layout, unit_id)
+    return idx is not None and bool(idx.points)
+
+
 _COSTS: dict = {}                 # txid -> seconds spent before the apply (this process)
 
 
