@@ -76,6 +76,9 @@ class _Writeback:
         self.pending.clear()
 
 
+_WRITE, _PUNCH = range(2)     # the writer's operations
+
+
 class _Writer:
     """Writes payloads on a thread of its own, so the receiver reads and checks the next
     frame while the disk takes this one (pwrite, fallocate and sync_file_range release the
@@ -110,10 +113,10 @@ class _Writer:
             self._cv.notify_all()
 
     def write(self, fd: int, data, offset: int) -> None:
-        self._submit((fd, data, offset), len(data))
+        self._submit((_WRITE, fd, data, offset), len(data))
 
     def punch(self, fd: int, offset: int, length: int) -> None:
-        self._submit((fd, None, offset, length), 0)
+        self._submit((_PUNCH, fd, offset, length), 0)
 
     def _wait_idle(self) -> None:
         """(holding the lock) Until every queued write is done, or one failed."""
@@ -149,12 +152,12 @@ class _Writer:
                 return
             try:
                 if self._error is None:
-                    if op[1] is None:
-                        punch_hole(op[0], op[2], op[3])
+                    kind, fd, a, b = op
+                    if kind == _WRITE:
+                        os.pwrite(fd, a, b)
+                        self._wb.wrote(fd, len(a))
                     else:
-                        fd, data, offset = op
-                        os.pwrite(fd, data, offset)
-                        self._wb.wrote(fd, len(data))
+                        punch_hole(fd, a, b)
             except BaseException as e:  # noqa: BLE001 - handed to the receiving thread
                 with self._cv:
                     self._error = e
@@ -200,7 +203,9 @@ class _Readahead:
     """Asks the kernel for the replica's bytes each arriving record will overwrite, so
     that the recovery points' undo copy at commit (``pointcommit.before_apply``) finds
     them in the page cache: the reads run while the rest of the stream arrives, not
-    after it. Members without an image here (fresh ones) are skipped."""
+    after it. A thread of its own issues the requests (starting a cold read can block),
+    and nothing waits for it: what it has not asked for by the commit, the undo copy
+    reads itself. Members without an image here (fresh ones) are skipped."""
 
     def __init__(self, layout: PoolLayout, members):
         self.fds: dict[int, int] = {}
@@ -211,13 +216,40 @@ class _Readahead:
                 self.fds[i] = os.open(layout.image(m["volume_id"]), os.O_RDONLY)
             except FileNotFoundError:
                 continue
+        self._q: collections.deque = collections.deque()
+        self._cv = threading.Condition()
+        self._stopped = False
+        self._thread: threading.Thread | None = None
 
     def want(self, member: int, offset: int, length: int) -> None:
         fd = self.fds.get(member)
-        if fd is not None:
+        if fd is None:
+            return
+        with self._cv:
+            self._q.append((fd, offset, length))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="drsvc-journal-readahead", daemon=True)
+                self._thread.start()
+            self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._q and not self._stopped:
+                    self._cv.wait()
+                if self._stopped:
+                    return
+                fd, offset, length = self._q.popleft()
             os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
 
     def close(self) -> None:
+        """Drop what is not asked for yet, and close the images once the thread is out."""
+        with self._cv:
+            self._stopped = True
+            self._q.clear()
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join()
         for fd in self.fds.values():
             os.close(fd)
         self.fds.clear()
