@@ -300,7 +300,10 @@ def log_pieces(fd: int, m):
 
 def lay(dst: int, log: Path, m) -> None:
     """Write the map's ranges onto the file open as *dst* (zeros where the map says so);
-    the caller fsyncs *dst*."""
+    the caller fsyncs *dst*. Every aligned range is shared with FICLONERANGE, whatever its
+    size: *dst* is a reflink of a newer image, so a copy would be a read of the log and a
+    copy-on-write of a shared block (measured on a 10 GiB promote 315 MiB back: 4.11 s
+    copying ranges under 64 KiB, 1.34 s sharing them all)."""
     if not len(m):
         return
     src = os.open(log, os.O_RDONLY) if (m[:, 2] >= 0).any() else -1
@@ -308,7 +311,7 @@ def lay(dst: int, log: Path, m) -> None:
         for off, ln, pos in m.tolist():
             if pos < 0:
                 punch_hole(dst, off, ln)
-            elif not (ln >= CLONE_MIN and not (off | pos | ln) % ALIGN and _clone(src, pos, dst, off, ln)):
+            elif not (not (off | pos | ln) % ALIGN and _clone(src, pos, dst, off, ln)):
                 os.pwrite(dst, os.pread(src, ln, pos), off)
     finally:
         if src >= 0:

@@ -194,3 +194,42 @@ def test_a_fold_shares_runs_of_a_log_and_drops_preallocation(xfs_mod):
     for f in ("p.undo", "q.undo"):
         st = (d / f).stat()
         assert st.st_blocks * 512 <= st.st_size + 4096
+
+
+def test_laying_an_undo_log_shares_its_small_ranges_too(xfs_mod):
+    """A promote to a point lays undo logs over a reflink of a newer image. Every aligned
+    range is shared from the log (FICLONERANGE), 4 KiB ones included: copying them read the
+    log and copied a shared block on write, 4.11 s against 1.34 s for a 10 GiB volume 315 MiB
+    back (bench.points). Unaligned ranges (an image's tail) are copied; zeros are punched."""
+    import numpy as np
+
+    from drsvc.host.fiemap import FIEMAP_EXTENT_SHARED
+    from drsvc.replication import pointdata
+    d = xfs_mod / "lay-small"
+    d.mkdir()
+    dst_path, log_path = d / "dst.img", d / "undo"
+    dst_path.write_bytes(os.urandom(1 * MiB))
+    log = os.urandom(12 * KiB)
+    log_path.write_bytes(log)
+    m = np.array(
+        [[4 * KiB, 4 * KiB, 0], [64 * KiB, 4 * KiB, 4 * KiB], [200 * KiB, 8 * KiB, -1],
+         [MiB - 1000, 1000, 8 * KiB]], dtype="int64")
+    want = bytearray(dst_path.read_bytes())
+    want[4 * KiB:8 * KiB] = log[:4 * KiB]
+    want[64 * KiB:68 * KiB] = log[4 * KiB:8 * KiB]
+    want[200 * KiB:208 * KiB] = bytes(8 * KiB)
+    want[MiB - 1000:] = log[8 * KiB:8 * KiB + 1000]
+    fd = os.open(dst_path, os.O_RDWR)
+    try:
+        pointdata.lay(fd, log_path, m)
+        os.fsync(fd)
+        ext = fiemap_array(fd, MiB)
+    finally:
+        os.close(fd)
+    assert dst_path.read_bytes() == bytes(want)
+
+    def shared(offset: int) -> bool:
+        e = ext[(ext["logical"] <= offset) & (ext["logical"] + ext["length"] > offset)]
+        return len(e) == 1 and bool(e["flags"][0] & FIEMAP_EXTENT_SHARED)
+    assert shared(4 * KiB) and shared(64 * KiB)
+    assert not shared(0) and not shared(MiB - 500)
