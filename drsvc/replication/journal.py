@@ -76,9 +76,6 @@ class _Writeback:
         self.pending.clear()
 
 
-_WRITE, _PUNCH = range(2)     # the writer's operations
-
-
 class _Writer:
     """Writes payloads on a thread of its own, so the receiver reads and checks the next
     frame while the disk takes this one (pwrite, fallocate and sync_file_range release the
@@ -113,10 +110,10 @@ class _Writer:
             self._cv.notify_all()
 
     def write(self, fd: int, data, offset: int) -> None:
-        self._submit((_WRITE, fd, data, offset), len(data))
+        self._submit((fd, data, offset), len(data))
 
     def punch(self, fd: int, offset: int, length: int) -> None:
-        self._submit((_PUNCH, fd, offset, length), 0)
+        self._submit((fd, None, offset, length), 0)
 
     def _wait_idle(self) -> None:
         """(holding the lock) Until every queued write is done, or one failed."""
@@ -152,12 +149,12 @@ class _Writer:
                 return
             try:
                 if self._error is None:
-                    kind, fd, a, b = op
-                    if kind == _WRITE:
-                        os.pwrite(fd, a, b)
-                        self._wb.wrote(fd, len(a))
+                    if op[1] is None:
+                        punch_hole(op[0], op[2], op[3])
                     else:
-                        punch_hole(fd, a, b)
+                        fd, data, offset = op
+                        os.pwrite(fd, data, offset)
+                        self._wb.wrote(fd, len(data))
             except BaseException as e:  # noqa: BLE001 - handed to the receiving thread
                 with self._cv:
                     self._error = e

@@ -104,10 +104,10 @@ def _plan(idx: Index, tx: dict) -> tuple[Plan, Point]:
 
 # -- before the apply -------------------------------------------------------------------
 def keeps_undo(layout: PoolLayout, unit_id: str) -> bool:
-    """Whether a commit to the unit may copy what it overwrites into an undo log (it has
-    points)."""
-    idx = Index.find(layout, unit_id)
-    return idx is not None and bool(idx.points)
+    """Whether a commit to the unit may copy what it overwrites into an undo log: it has a
+    points index. Asked at every transaction's begin, so the index is not parsed here
+    (``before_apply`` reads it once, at the commit)."""
+    return layout.points_index(unit_id).exists()
 
 
 _COSTS: dict = {}                 # txid -> seconds spent before the apply (this process)

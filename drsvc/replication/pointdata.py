@@ -311,7 +311,7 @@ def lay(dst: int, log: Path, m) -> None:
         for off, ln, pos in m.tolist():
             if pos < 0:
                 punch_hole(dst, off, ln)
-            elif not (not (off | pos | ln) % ALIGN and _clone(src, pos, dst, off, ln)):
+            elif (off | pos | ln) % ALIGN or not _clone(src, pos, dst, off, ln):
                 os.pwrite(dst, os.pread(src, ln, pos), off)
     finally:
         if src >= 0:
