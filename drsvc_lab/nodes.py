@@ -8,6 +8,7 @@ from pathlib import Path
 from drsvc.config import SiteConfig, load
 from drsvc.sitectl import SiteRun, node_components
 
+from .logs import keep_logs
 from .net import free_port
 from .pools import discard_under, mount_xfs, unmount_under
 from .procs import kill, kill_components
@@ -166,6 +167,7 @@ class NodesLab:
                     pass
         for p in [*self.procs, *self.redis_procs.values(), *self.sshd_procs.values()]:
             kill(p.pid)
+        keep_logs(self.root)
         discard_under(self.root)
         unmount_under(self.root)
         shutil.rmtree(self.root, ignore_errors=True)

@@ -16,6 +16,7 @@ from drsvc import store
 from drsvc.config import SiteConfig, load
 from drsvc.sitectl import COMPONENTS, SiteRun
 
+from .logs import keep_logs
 from .net import free_port
 from .pools import discard_under, mount_xfs, unmount_under
 from .procs import kill, kill_components, kill_if
@@ -206,6 +207,7 @@ class Lab:
             # a lab found again from its record (another process started these)
             kill_if(s.redis_pid, "redis-server")
             kill_if(s.sshd_pid, "sshd")
+        keep_logs(self.root)
         discard_under(self.root)
         unmount_under(self.root)          # the pools, and what a test staged beside the sites
         shutil.rmtree(self.root, ignore_errors=True)

@@ -29,7 +29,7 @@ def test_host_key_mismatch_is_refused_and_reported(flab, tmp_path):
     vol = A.create_volume("hostkey", 16 << 20).volume_id
     A.retry("EnableVolumeReplication", volume_id=vol, parameters={"schedulingInterval": "2s"})
     wait_for(lambda: generation(sb, vol) >= 1, 60, what="initial sync")
-    gen = generation(sb, vol)
+    before = image_sha(sa, vol)          # nothing writes to the volume until after the re-pin
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "imposter")], check=True)
     imposter = " ".join((tmp_path / "imposter.pub").read_text().split()[:2])
     kh = sa.cfg.peer("b").known_hosts
@@ -39,7 +39,12 @@ def test_host_key_mismatch_is_refused_and_reported(flab, tmp_path):
     st = wait_for(lambda: (s := status(A, vol)).status != "HEALTHY" and s.consecutive_failures and s, 60,
                   what="the refusal to be reported")
     assert "host key" in st.status_message.lower() and "b" in st.status_message, st.status_message
-    assert generation(sb, vol) == gen       # nothing reached the peer
+    # a scheduled sync already under way at the re-pin may finish on the connection it had
+    # verified, with what it captured before; nothing written after the re-pin reaches b
+    gen, failures = generation(sb, vol), st.consecutive_failures
+    wait_for(lambda: status(A, vol).consecutive_failures > failures, 60, what="the next refusal")
+    assert generation(sb, vol) == gen
+    assert image_sha(sb, vol) == before != image_sha(sa, vol)
 
 
 def _client(site_from, site_to) -> paramiko.SSHClient:
