@@ -133,8 +133,11 @@ def test_forced_failover_with_resync_on_a_node(two):
         run.start("worker@n2")
         run.start("scheduler@n2")
         two.start_sshd("a", "n2")
+    # a sync of n2's that its worker's stop cut short is redelivered after the lab's
+    # visibility timeout (20 s) and the broker's next sweep, and a restarted worker starts
+    # slowly on a loaded machine: the bound leaves room for that chain
     wait_for(lambda: A.call("GetVolumeReplicationInfo", volume_id=v2).status
-             == A.call("GetVolumeReplicationInfo", volume_id=v2).ERROR, 60, what="a to report the conflict")
+             == A.call("GetVolumeReplicationInfo", volume_id=v2).ERROR, 120, what="a to report the conflict")
     A.retry("DemoteVolume", volume_id=v2)
     assert A.retry("ResyncVolume", volume_id=v2, force=True).ready is False
     wait_for(lambda: A.retry("ResyncVolume", volume_id=v2, force=True).ready, 60, what="resync to finish")
