@@ -1,8 +1,9 @@
 """Keep a lab's logs past its teardown, for a failure to be read afterwards.
 
 Set ``DRSVC_LAB_KEEP_LOGS`` to a directory: each lab torn down copies the ``*.log`` files
-below its root there (into a directory named after the root), without entering the
-mounted pools. Unset, nothing is kept.
+below its root there (into a directory named after the root), the components' logs
+in the run directories beside the pools (inside the pools' filesystems) included. Unset,
+nothing is kept.
 """
 from __future__ import annotations
 
@@ -19,8 +20,7 @@ def keep_logs(root: Path) -> Path | None:
     if not dest_root or not Path(root).is_dir():
         return None
     dest = Path(dest_root) / Path(root).name
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if not os.path.ismount(os.path.join(dirpath, d))]
+    for dirpath, _dirs, filenames in os.walk(root):
         for name in filenames:
             if name.endswith(".log"):
                 src = Path(dirpath) / name

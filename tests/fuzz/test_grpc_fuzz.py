@@ -26,7 +26,7 @@ ALLOWED = {C.OK, C.INVALID_ARGUMENT, C.NOT_FOUND, C.ALREADY_EXISTS, C.FAILED_PRE
 MODULES = (csi_pb2, identity_pb2, volumegroup_pb2, replication_pb2, admin_pb2)
 METHODS = [(svc.full_name, m) for mod in MODULES for svc in mod.DESCRIPTOR.services_by_name.values()
            for m in svc.methods]
-CASES = int(os.environ.get("FUZZ_CASES", "250"))
+CASES = int(os.environ.get("FUZZ_CASES", "100"))     # FUZZ_CASES=1000 for a deeper run
 
 
 def _walk(root: Path, skip_mounts=True) -> dict:

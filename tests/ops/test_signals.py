@@ -6,8 +6,11 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
+
+from drsvc_lab import wait_until
 
 # the main thread blocks SIGTERM, so the kernel must give it to the other thread, as it
 # may give it to any of the plugin's gRPC threads
@@ -22,10 +25,26 @@ CHILD = textwrap.dedent("""
 """)
 
 
+FUTEX = 202      # x86_64: where a thread blocked on a lock (Event.wait) sits
+
+
+def _blocked(pid: int) -> bool:
+    """The child's main thread sits in futex(2): it is inside its wait, past the last
+    bytecode that would run a pending Python handler."""
+    try:
+        return Path(f"/proc/{pid}/task/{pid}/syscall").read_text().split()[0] == str(FUTEX)
+    except (OSError, IndexError):
+        return False
+
+
 def _run(wait: str, timeout: float = 10) -> int | None:
     p = subprocess.Popen([sys.executable, "-c", CHILD.format(wait=wait)], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "ready"
+        # a signal that comes before the main thread blocks is handled at its next bytecode,
+        # and even an untimed wait then returns: signal once it waits (a loaded machine is slow
+        # to get there)
+        wait_until(lambda: _blocked(p.pid), 30, "the child's main thread to block in its wait", interval=0.01)
         p.send_signal(signal.SIGTERM)
         return p.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
