@@ -133,9 +133,10 @@ def test_forced_failover_with_resync_on_a_node(two):
         run.start("worker@n2")
         run.start("scheduler@n2")
         two.start_sshd("a", "n2")
-    # a sync of n2's that its worker's stop cut short is redelivered after the lab's
-    # visibility timeout (20 s) and the broker's next sweep, and a restarted worker starts
-    # slowly on a loaded machine: the bound leaves room for that chain
+    # the conflict shows at n2's first sync after its worker restarts; under 4 xdist workers
+    # that once took over 60 s (cause not traced: a sync the worker's stop cut short comes
+    # back only after the lab's 20 s visibility timeout, and a restarted worker starts slowly
+    # on a loaded machine), so the bound is 120 s
     wait_for(lambda: A.call("GetVolumeReplicationInfo", volume_id=v2).status
              == A.call("GetVolumeReplicationInfo", volume_id=v2).ERROR, 120, what="a to report the conflict")
     A.retry("DemoteVolume", volume_id=v2)
