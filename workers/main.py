@@ -54,19 +54,21 @@ def worker_main(argv=None) -> int:
     keep_worker_titles("worker", cfg, "" if args.role == "data" else args.role)
     if args.role in ("data", "control"):
         keep_peers_warm(cfg)
-        signals.worker_process_init.connect(preload_engine, weak=False)
+        preload_engine()
     app.worker_main(wargs)
     return 0
 
 
 # What a sync and the control operations import inside their functions (the plugin does not
-# load them). A pool process imports them as it starts, not in its first task: a Promote
-# that was its process's first paid ~0.06 s idle, 0.1-0.2 s under load, for the imports.
+# load them). The worker imports them once, before Celery forks its pool, so a pool process
+# has them from the start: a Promote that was its process's first paid ~0.06 s idle,
+# 0.1-0.2 s under load, for the imports; imported in each pool process as it started, they
+# cost ~0.18 CPU-s per process (numpy most of it), paid again by every replaced process.
 ENGINE_MODULES = ("drsvc.replication.sync", "drsvc.replication.takeover", "drsvc.replication.replica",
                   "drsvc.replication.content", "drsvc.replication.snapstore")
 
 
-def preload_engine(**_) -> None:
+def preload_engine() -> None:
     for name in ENGINE_MODULES:
         importlib.import_module(name)
 
