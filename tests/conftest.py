@@ -7,10 +7,14 @@ pytest_plugins = ["pytester", "tests.tiers", "tests.fixtures.xfs", "tests.fixtur
                   "tests.fixtures.csi", "tests.faults.tally"]
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (--dist loadgroup): a module's tests stay on one worker, so its
     shared lab or plugin is built once, and run in order. The fault suite's modules share
-    their worker's one lab (a session fixture), healed after each test."""
+    their worker's one lab (a session fixture), healed after each test.
+
+    First among the hooks: xdist's own (xdist/remote.py) reads the xdist_group marks into
+    the node ids as it collects, and a mark added after it groups nothing."""
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:

@@ -11,7 +11,7 @@ import pytest
 
 # fixtures that need root (loop devices, mounts) or start lab processes (redis, sshd, sites)
 LAB_FIXTURES = frozenset({
-    "lab", "module_lab", "fault_lab", "flab", "fuzz_lab", "xfs_dir", "xfs_mod", "make_plugin", "plugin",
+    "lab", "shared_lab", "module_lab", "fault_lab", "flab", "fuzz_lab", "xfs_dir", "xfs_mod", "make_plugin", "plugin",
     "module_fs", "module_plugin",
     "md_plugin", "sshd_factory", "redis_port", "r", "site_n1", "nodes", "two", "lab3", "password_lab",
     "small_peer_lab", "pools", "span", "site", "fsroot", "dispatcher", "ansible"})

@@ -137,7 +137,7 @@ def _quiet(fn, *args):
 
 @pytest.mark.faults
 def test_connection_cut_at_random_offsets(flab, rnd):
-    random_cuts(flab, rnd, 80)
+    random_cuts(flab, rnd, 64)
 
 
 @pytest.mark.faults

@@ -188,7 +188,7 @@ def promote_kill(lab, rnd, failpoint):
 
 @pytest.mark.faults
 def test_receiver_killed_while_pruning(flab, rnd):
-    prune_kills(flab, rnd, 20)
+    prune_kills(flab, rnd, 16)
 
 
 @pytest.mark.faults

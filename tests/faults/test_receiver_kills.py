@@ -159,12 +159,12 @@ def _quiet(fn, *args):
 
 @pytest.mark.faults
 def test_receiver_killed_at_commit_points(flab, rnd):
-    commit_point_kills(flab, rnd, 64)
+    commit_point_kills(flab, rnd, 52)
 
 
 @pytest.mark.faults
 def test_receiver_killed_during_apply_and_stream(flab, rnd):
-    apply_and_stream_kills(flab, rnd, 30)
+    apply_and_stream_kills(flab, rnd, 26)
 
 
 @pytest.mark.faults

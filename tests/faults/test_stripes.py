@@ -134,9 +134,9 @@ def stripe_connection_cuts(lab, rnd, rounds):
 
 @pytest.mark.faults
 def test_stripe_receiver_killed_mid_transfer(flab, rnd):
-    stripe_kills(flab, rnd, 12)
+    stripe_kills(flab, rnd, 10)
 
 
 @pytest.mark.faults
 def test_stripe_connection_cut(flab, rnd):
-    stripe_connection_cuts(flab, rnd, 10)
+    stripe_connection_cuts(flab, rnd, 8)

@@ -5,7 +5,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.dr.helpers import wait_for, write_random
+
+pytestmark = pytest.mark.own_lab      # it reads `drsvc status` of a site with nothing replicated
 
 EXIT_RETRY, EXIT_REFUSED, EXIT_NOT_FOUND = 3, 4, 5
 

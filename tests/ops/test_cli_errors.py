@@ -12,9 +12,12 @@ import json
 import subprocess
 import sys
 
+import pytest
 import redis
 
 from tests.dr.helpers import generation, wait_for, write_random
+
+pytestmark = pytest.mark.own_lab      # its tests list a site's volumes and replications and expect only their own
 
 USAGE, RETRY, REFUSED, NOT_FOUND = 2, 3, 4, 5
 

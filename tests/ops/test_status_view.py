@@ -14,8 +14,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from drsvc_cli.client import DrClient
 from tests.dr.helpers import generation, wait_for, write_random
+
+pytestmark = pytest.mark.own_lab      # it reads the status of every unit of a site and expects only its own
 
 # set DRSVC_ARTIFACTS to keep the rendered views (for a closing note); otherwise nothing is written
 ARTIFACTS = Path(os.environ["DRSVC_ARTIFACTS"]) if os.environ.get("DRSVC_ARTIFACTS") else None
