@@ -23,10 +23,17 @@ LOCK_WAIT = 30.0
 
 
 class UnitLock:
-    """The unit's flock, waited for: a receiver of a just-dropped connection may still be exiting."""
+    """The unit's flock, waited for: a receiver of a just-dropped connection may still be exiting.
 
-    def __init__(self, layout: PoolLayout, unit_id: str):
-        self.layout, self.unit_id = layout, unit_id
+    *for_peer*: taken for a peer's session (its status, hashes or deltas). Where this site is
+    primary for the unit the session is refused at once (ReplicaIsPrimary, a split brain to
+    the peer) instead of waiting: a primary takes no deltas, and its own sync may hold the
+    lock while it waits on that very peer. Two primaries syncing to each other on the same
+    schedule would otherwise each wait for the lock the other's sync holds, time out after
+    LOCK_WAIT, and meet again at the next interval, and neither would report the conflict."""
+
+    def __init__(self, layout: PoolLayout, unit_id: str, *, for_peer: bool = False):
+        self.layout, self.unit_id, self.for_peer = layout, unit_id, for_peer
         self._cm = None
 
     def __enter__(self):
@@ -39,9 +46,15 @@ class UnitLock:
                 self._cm = cm
                 return self
             except OperationInProgress:
+                if self.for_peer and self._primary_here():
+                    raise ReplicaIsPrimary(unit_id=self.unit_id) from None
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
+
+    def _primary_here(self) -> bool:
+        st = find_state(self.layout.root, self.unit_id)    # written whole (rename): a consistent read
+        return st is not None and st.role == "primary"
 
     def __exit__(self, *exc):
         self._cm.__exit__(*exc)

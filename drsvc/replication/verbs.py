@@ -24,7 +24,7 @@ from .transaction import Replies, Transaction, parse_tx
 
 def status(layout: PoolLayout, reader: FrameReader, out: Replies, args: list[str]) -> None:
     unit_id = check_id(args[0])
-    with UnitLock(layout, unit_id):
+    with UnitLock(layout, unit_id, for_peer=True):
         out.control(status_of(layout, unit_id, recover(layout, unit_id)))
 
 
@@ -188,7 +188,7 @@ class ApplyConversation:
         uid = check_id(msg.get("unit"))
         if self.unit_id is None:
             self.unit_id = uid
-            self.lock = UnitLock(self.layout, uid).__enter__()
+            self.lock = UnitLock(self.layout, uid, for_peer=True).__enter__()
             self.journal = recover(self.layout, uid)
         elif uid != self.unit_id:
             raise ProtocolError(reason="one unit per apply session")

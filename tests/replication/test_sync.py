@@ -214,6 +214,33 @@ def test_fencing_roles_and_demotion(xfs_mod):
     same_images(a, b, ["v"])
 
 
+def test_two_primaries_syncing_to_each_other_are_told_at_once(xfs_mod):
+    """Split brain with both sites syncing on the same schedule: each primary's sync holds its
+    own unit lock while it talks to the other, whose receiver found that lock taken. The
+    receiver of a site that is primary refuses at once (ReplicaIsPrimary: the sender
+    reports the conflict) instead of waiting out LOCK_WAIT for a lock its own sync holds, and
+    answering OperationInProgress, at every interval, with the conflict never reported."""
+    from drsvc import store
+    a, b = new_sites(xfs_mod)
+    make_image(a / "images" / "v.img", MiB, [(0, os.urandom(10000))])
+    make_image(b / "images" / "v.img", MiB)
+    peer = LocalPeer(b)
+    sync_unit(a, "v", ["v"], peer)
+    rstate.set_role(b, "v", "primary")              # b taken over by force; a still primary
+    rstate.bump_epoch(b, "v")
+    write_at(a / "images" / "v.img", 0, b"after the takeover")
+    layout = PoolLayout(b)
+    with store.file_lock(layout.lock_path("v"), blocking=False, key="v"):   # b's own sync, under way
+        with pytest.raises(ReplicaIsPrimary):
+            sync_unit(a, "v", ["v"], peer)
+        with pytest.raises(ReplicaIsPrimary):
+            peer_status(peer, "v")
+    # a secondary's receiver still waits for its lock (a receiver of a dropped connection
+    # may be exiting): with the lock free the same sync is refused by the state, as before
+    with pytest.raises(ReplicaIsPrimary):
+        sync_unit(a, "v", ["v"], peer)
+
+
 def test_compare_mode_resyncs_only_differing_blocks(xfs_mod):
     a, b = new_sites(xfs_mod)
     img = a / "images" / "v.img"
