@@ -133,12 +133,11 @@ def test_forced_failover_with_resync_on_a_node(two):
         run.start("worker@n2")
         run.start("scheduler@n2")
         two.start_sshd("a", "n2")
-    # the conflict shows at n2's first sync after its worker restarts; under 4 xdist workers
-    # that once took over 60 s (cause not traced: a sync the worker's stop cut short comes
-    # back only after the lab's 20 s visibility timeout, and a restarted worker starts slowly
-    # on a loaded machine), so the bound is 120 s
+    # the conflict shows at n2's first sync after its worker restarts (it once took over 60 s:
+    # both primaries' syncs met, each receiver waiting for the lock its own site's sync held,
+    # until the receiver of a primary refused at once; tests/replication/test_sync.py)
     wait_for(lambda: A.call("GetVolumeReplicationInfo", volume_id=v2).status
-             == A.call("GetVolumeReplicationInfo", volume_id=v2).ERROR, 120, what="a to report the conflict")
+             == A.call("GetVolumeReplicationInfo", volume_id=v2).ERROR, 60, what="a to report the conflict")
     A.retry("DemoteVolume", volume_id=v2)
     assert A.retry("ResyncVolume", volume_id=v2, force=True).ready is False
     wait_for(lambda: A.retry("ResyncVolume", volume_id=v2, force=True).ready, 60, what="resync to finish")
