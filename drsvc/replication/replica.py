@@ -25,8 +25,9 @@ LOCK_WAIT = 30.0
 class UnitLock:
     """The unit's flock, waited for: a receiver of a just-dropped connection may still be exiting.
 
-    *for_peer*: taken for a peer's session (its status, hashes or deltas). Where this site is
-    primary for the unit the session is refused at once (ReplicaIsPrimary, a split brain to
+    *for_peer*: taken for a peer's sync (the status verb, and the apply conversation that
+    carries its status, hashes and deltas). Where this site is primary for the unit, and the
+    lock is taken, the session is refused at once (ReplicaIsPrimary, a split brain to
     the peer) instead of waiting: a primary takes no deltas, and its own sync may hold the
     lock while it waits on that very peer. Two primaries syncing to each other on the same
     schedule would otherwise each wait for the lock the other's sync holds, time out after

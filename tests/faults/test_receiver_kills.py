@@ -8,7 +8,6 @@ import tempfile
 import threading
 import time
 
-import grpc
 import pytest
 
 from drsvc.errors import DrsvcError
@@ -18,7 +17,7 @@ from drsvc.replication.snapstore import generation_image
 from tests.dr.helpers import generation, wait_for, write_random
 
 from .steps import (MiB, engine_volume, Generations, check_converged, file_sha, kill_receivers, peer_of, receiver_pids,
-                    set_receiver_failpoints, sync_now, TRANSIENT)
+                    set_receiver_failpoints, sync_now)
 from .tally import fault
 
 POINTS = ("receiver.before_commit", "receiver.after_commit_marker", "receiver.after_apply",
@@ -132,13 +131,11 @@ def worker_path_kills(lab, rnd, rounds):
         gens.record(sa, vol)
         target = generation(sa, vol) + 1
         set_receiver_failpoints(lab, "b", [rnd.choice(POINTS)])
-        asked = threading.Event()
         try:
-            threading.Thread(target=_ask_sync, args=(A, vol, asked), daemon=True).start()
+            threading.Thread(target=_quiet, args=(sync_now, A, vol, 2), daemon=True).start()
             wait_for(lambda ctl=ctl, failures=failures: _failures(ctl) > failures, 90, interval=0.05, what="the killed sync to fail")
             fault()
         finally:
-            asked.set()
             set_receiver_failpoints(lab, "b", ())
         wait_for(lambda target=target: generation(sa, vol) >= target, 60, what="the retried sync")
         gens.check_whole(sb, vol)
@@ -153,18 +150,11 @@ def _failures(ctl) -> int:
         return 0
 
 
-def _ask_sync(client, vol, done: threading.Event) -> None:
-    """SyncNow, asked again while the site answers ABORTED, as a CO does: the last round's
-    sync has committed (what the round waited for) a moment before its task lets go of the
-    unit's claim, and a SyncNow in between is refused."""
-    while not done.is_set():
-        try:
-            sync_now(client, vol, 2)
-            return
-        except grpc.RpcError as e:
-            if e.code() not in TRANSIENT:
-                return
-            done.wait(0.2)
+def _quiet(fn, *args):
+    try:
+        fn(*args)
+    except Exception:  # noqa: BLE001 - the sync is meant to fail; the test watches the state
+        pass
 
 
 @pytest.mark.faults

@@ -133,9 +133,10 @@ def test_forced_failover_with_resync_on_a_node(two):
         run.start("worker@n2")
         run.start("scheduler@n2")
         two.start_sshd("a", "n2")
-    # the conflict shows at n2's first sync after its worker restarts (it once took over 60 s:
-    # both primaries' syncs met, each receiver waiting for the lock its own site's sync held,
-    # until the receiver of a primary refused at once; tests/replication/test_sync.py)
+    # the conflict shows at n2's first sync after its worker restarts. It once took over 60 s,
+    # most likely as in the single-node split brain, where the logs showed it: both primaries'
+    # syncs met and each receiver waited for the lock its own site's sync held. A primary's
+    # receiver now refuses at once (tests/replication/test_sync.py).
     wait_for(lambda: A.call("GetVolumeReplicationInfo", volume_id=v2).status
              == A.call("GetVolumeReplicationInfo", volume_id=v2).ERROR, 60, what="a to report the conflict")
     A.retry("DemoteVolume", volume_id=v2)
