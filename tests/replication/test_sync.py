@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from drsvc import store
 from drsvc.errors import (NotPrimary, ReplicaIsPrimary, ReplicationConflict,
                           StaleEpoch)
 from drsvc.replication import peer_status, release_peer, sync_unit, verify_unit
@@ -220,7 +221,6 @@ def test_two_primaries_syncing_to_each_other_are_told_at_once(xfs_mod):
     receiver of a site that is primary refuses at once (ReplicaIsPrimary: the sender
     reports the conflict) instead of waiting out LOCK_WAIT for a lock its own sync holds, and
     answering OperationInProgress, at every interval, with the conflict never reported."""
-    from drsvc import store
     a, b = new_sites(xfs_mod)
     make_image(a / "images" / "v.img", MiB, [(0, os.urandom(10000))])
     make_image(b / "images" / "v.img", MiB)
