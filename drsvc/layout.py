@@ -165,6 +165,21 @@ class PoolLayout:
     def journal_staging(self, unit_id: str, volume_id: str) -> Path:
         return self.journal_staging_dir(unit_id) / f"{check_id(volume_id, 'volume_id')}.img"
 
+    def journal_digests(self, unit_id: str) -> Path:
+        """The block digests of the journal's data records (``drsvc.replication.replicamap``)."""
+        return self.journal_dir(unit_id) / "digests.bin"
+
+    # -- the block maps of a secondary's replica (receiver: drsvc.replication.replicamap) --
+    def replica_maps_dir(self, unit_id: str) -> Path:
+        return self.unit_dir(unit_id) / "maps"
+
+    def replica_map(self, unit_id: str, volume_id: str) -> Path:
+        return self.replica_maps_dir(unit_id) / f"{check_id(volume_id, 'volume_id')}.map"
+
+    def replica_maps_doc(self, unit_id: str) -> Path:
+        """Which generation the maps describe, and the images they were made for."""
+        return self.replica_maps_dir(unit_id) / "maps.json"
+
     # -- recovery points (receiver: drsvc.replication.points) ---------------------------
     def points_dir(self, unit_id: str) -> Path:
         return self.unit_dir(unit_id) / "points"

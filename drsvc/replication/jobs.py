@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..config import SiteConfig
 from ..dispatch import Dispatcher
+from ..layout import PoolLayout
 from ..errors import (BrokerUnreachable, DrsvcError, NeedsResync, NotSecondary, OperationInProgress, PeerNotDemoted,
                       PeerNotRecorded, SplitBrain)
 from ..retention import DEFAULT_GRID
@@ -23,6 +24,7 @@ from . import state as unit_state
 from .health import final_sync
 from .control import (Control, control_from_origin, control_lock, find_control, remove_control, save_control,
                       update_control)
+from .replicamap import ReplicaMaps
 
 log = logging.getLogger(__name__)
 
@@ -252,11 +254,12 @@ class ReplicationJobs:
             raise PeerNotRecorded(unit_id=unit_id)
         self._drop_unsettled(unit_id)
         # the received images become the acked base, so the next sync ships only changes
-        seed_base(self.pool, unit_id)
+        base = seed_base(self.pool, unit_id)
         # recovery points: the newest gets an image of its own; with a point, its data becomes the volumes'
         restored = take_over(self.pool, unit_id, point)
         final = None if force else final_sync(st)     # planned: the demote's final sync is our last sync
         st = unit_state.promote(self.pool, unit_id)
+        ReplicaMaps(PoolLayout(self.pool), unit_id).discard()    # this site no longer receives
         with control_lock(self.pool, unit_id):
             c.enabled_at = time.time()
             if final is not None:
@@ -264,14 +267,14 @@ class ReplicationJobs:
                 c.enabled_at = final[0]
             c.conflict, c.consecutive_failures = "", 0
             save_control(self.pool, c)
-        log.info("promoted %s to primary at epoch %d (%s)", unit_id, st.epoch, "forced" if force else "planned")
+        log.info("promoted %s to primary at epoch %d (%s; base %s)", unit_id, st.epoch,
+                 "forced" if force else "planned", f"block maps from the {base}" if base else "kept")
         return {"role": "primary", "epoch": st.epoch, **({"recovery_point": restored} if restored else {})}
 
     def _drop_unsettled(self, unit_id: str) -> None:
         """A round of a spanning group still prepared here (the site controller settles
         rounds across the nodes before it promotes; a promote on this node alone has no
         other node to ask): taking over without it keeps the generation every node applied."""
-        from ..layout import PoolLayout
         from .replica import round_state, settle_round
         layout = PoolLayout(self.pool)
         p = round_state(layout, unit_id)["prepared"]

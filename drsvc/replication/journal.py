@@ -9,6 +9,8 @@
     journal/data.bin      the payloads of records flagged FLAG_DATA, each at a 4 KiB-aligned
                           position, so apply can reflink them into the image
     journal/staging/      new images of members that have no base (written in place)
+    journal/digests.bin   the block digests of each data record held, for the replica's
+                          block maps (``replicamap``), durable with the records
     journal/commit.json   the commit marker: once it exists the transaction is applied,
                           by this process or by replay at the next contact
     journal/prepared.json the vote of a two-phase transaction (a volume group spanning
@@ -46,6 +48,8 @@ from .blockmap import punch_hole
 from .faults import failpoint
 from .layout import PoolLayout, check_id
 from .protocol import CODEC_RAW, CODEC_ZERO, RECORD, ManifestChain, RecordHeader
+from .replicamap import JournalDigests, ReplicaMaps
+from .state import find_state
 
 FORMAT = 2
 # member u16 | codec u8 | flags u8 | offset u64 | length u32 | checksum u64 | index u32 | data pos u64
@@ -300,6 +304,7 @@ class Journal:
         self._sealed = False            # the transaction ended: no appends, from any thread
         self._readahead: _Readahead | None = None
         self.index = _Index()
+        self.digests = JournalDigests(layout.journal_digests(unit_id))
 
     @property
     def chain(self) -> ManifestChain:
@@ -370,6 +375,7 @@ class Journal:
                     os.close(fd)
         for path in (self.records_path, self.data_path):
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
+        self.digests.reset()
         store.write_doc(self.dir / "tx.json", tx)   # last: tx.json marks the journal complete
         store.fsync_dir(self.dir.parent)
         self.tx = tx
@@ -414,6 +420,7 @@ class Journal:
         for fd in self._staging_fds.values():
             os.close(fd)
         self._staging_fds.clear()
+        self.digests.close()
 
     # -- records
     def _staging_fd(self, member: int) -> int:
@@ -429,13 +436,13 @@ class Journal:
         return self._data_fd
 
     def _landed(self, member: int, codec: int, flags: int, offset: int, length: int, checksum: int,
-                pos: int) -> bool:
-        """Whether a journaled record's payload is all there (zero records carry none)."""
+                pos: int) -> bytes | None:
+        """A journaled record's payload when it is all there (b"" for a zero record), else None."""
         if codec == CODEC_ZERO:
-            return True
+            return b""
         fd = self._staging_fd(member) if flags & FLAG_DIRECT else self._data()
         data = os.pread(fd, length, offset if flags & FLAG_DIRECT else pos)
-        return len(data) == length and protocol.payload_checksum(data) == checksum
+        return data if len(data) == length and protocol.payload_checksum(data) == checksum else None
 
     def scan(self) -> int:
         """Verify the journaled records, keep every one whose payload landed, and rebuild
@@ -448,18 +455,22 @@ class Journal:
         self._data_pos = 0
         if self.format != FORMAT:
             return 0
-        members = self.tx["members"]
+        members, bs = self.tx["members"], self.tx["block_size"]
         keep = bytearray()
+        self.digests.reset()          # rebuilt from the payloads that landed
         with open(self.records_path, "rb") as f:
             raw = f.read()
         for e in ENTRY.iter_unpack(memoryview(raw)[:len(raw) - len(raw) % ENTRY.size]):
             member, codec, flags, offset, length, checksum, index, pos = e
             if member >= len(members) or codec not in (CODEC_RAW, CODEC_ZERO):
                 continue
-            if not self._landed(member, codec, flags, offset, length, checksum, pos):
+            data = self._landed(member, codec, flags, offset, length, checksum, pos)
+            if data is None:
                 continue
             if self.index.add(index, (member, codec == CODEC_ZERO, offset, length, checksum)):
                 keep += ENTRY.pack(*e)
+                if codec != CODEC_ZERO:
+                    self.digests.add(member, offset, bs, JournalDigests.digest(offset, bs, data))
                 if flags & FLAG_DATA:
                     self._data_pos = max(self._data_pos, _aligned(pos + length))
         with open(self.records_path, "r+b") as f:
@@ -478,6 +489,8 @@ class Journal:
         end = hdr.offset + hdr.length
         if end > m["size"]:
             raise StreamCorrupt(reason=f"record [{hdr.offset}, {end}) beyond image size {m['size']}")
+        bs = self.tx["block_size"]
+        digests = None if data is None else JournalDigests.digest(hdr.offset, bs, data)  # outside the lock
         with self._lock:
             if self._sealed:
                 raise TransactionEnded(unit_id=self.unit_id)
@@ -485,6 +498,8 @@ class Journal:
             if not self.index.add(index, (hdr.member, data is None, hdr.offset, hdr.length, hdr.checksum)):
                 return
             flags, pos = self._place(hdr, m, data)
+            if data is not None:
+                self.digests.add(hdr.member, hdr.offset, bs, digests)
             if self._readahead is not None:
                 self._readahead.want(hdr.member, hdr.offset, hdr.length)
             if self._records is None:
@@ -525,6 +540,7 @@ class Journal:
             os.fsync(self._data_fd)
         for fd in self._staging_fds.values():
             os.fsync(fd)
+        self.digests.sync()
 
     def mark_committed(self, count: int, manifest: str) -> None:
         self.sync()
@@ -540,6 +556,8 @@ class Journal:
         """Apply a committed journal to the pool's images; safe to repeat."""
         self.close()
         pointcommit.before_apply(self.layout, self.tx, self.spans)   # recovery points: keep what it overwrites
+        maps = ReplicaMaps(self.layout, self.unit_id)
+        follow = maps.begin_apply(self.tx, find_state(self.layout.root, self.unit_id))
         members = self.tx["members"]
         fds: dict[int, int] = {}
         cloner = _Cloner()
@@ -553,6 +571,8 @@ class Journal:
                 os.close(fd)
             self.close()
         self._install_staged(members)
+        if follow:
+            maps.apply(self.tx, self.digests.path, ((m, c == CODEC_ZERO, o, n) for m, c, _f, o, n, _p, _i in self._entries()))
         return cloner
 
     def _open_images(self, members, fds: dict[int, int]) -> None:

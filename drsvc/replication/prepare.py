@@ -113,7 +113,8 @@ def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int,
             "round": timings.get("round"), "cut_wait_s": timings.get("cut_wait_s", 0.0),
             "ranges_cloned": sum(c.cloned for c in captured.values()),
             "plan_s": time.monotonic() - t0 - t_capture,
-            "created_at": time.time(), "captured_at": timings.get("frozen_at", captured_at), "complete": True}
+            "created_at": time.time(), "captured_at": timings.get("frozen_at", captured_at), "complete": True,
+            "sources": bool(sources)}
     store.write_doc(tmp / "meta.json", meta)
     return Prepared(tmp, meta)
 

@@ -23,6 +23,7 @@ from ..host.reflink import clone_file
 from .capture import roll_forward
 from .generation import Prepared
 from .layout import PoolLayout
+from .replicamap import ReplicaMaps
 from .state import UnitState, save_state
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,13 @@ def adopt(layout: PoolLayout, st: UnitState, prepared: Prepared, *, epoch: int, 
     _roll(layout, st.unit_id, prepared.dir, meta)
     if old != st.generation:
         _rmtree(layout.snap_dir(st.unit_id, old))
+    if demote and not meta.get("sources"):
+        # this site now receives: its images hold this generation, whose maps were just built
+        try:
+            ReplicaMaps(layout, st.unit_id).seed_from_base(st, prepared.dir, meta)
+        except OSError as e:
+            log.warning("%s: block maps not seeded at the demote (%s); a promote here reads the volume",
+                        st.unit_id, e)
 
 
 def generation_image(layout: PoolLayout, unit_id: str, generation: int, vol: str, scratch: Path) -> Path:

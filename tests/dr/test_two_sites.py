@@ -65,6 +65,13 @@ def test_volume_and_group_replicate_on_schedule(lab):
     assert code_of(lambda: B.call("GetVolumeReplicationInfo", volume_id=vol)) == grpc.StatusCode.FAILED_PRECONDITION
 
 
+def _promote_logged(site, unit, what) -> bool:
+    """The worker's log line for the unit's promote names *what* (its base's block maps)."""
+    lines = [ln for log in site.run.run_dir.glob("*.log") for ln in log.read_text(errors="replace").splitlines()
+             if f"promoted {unit} to primary" in ln]
+    return bool(lines) and what in lines[-1]
+
+
 def test_planned_failover_and_failback(lab):
     A, B = lab.clients["a"], lab.clients["b"]
     sa, sb = lab.sites["a"], lab.sites["b"]
@@ -82,6 +89,8 @@ def test_planned_failover_and_failback(lab):
     for m in members:
         assert image_sha(sa, m) == image_sha(sb, m)
     assert find_state(sb.pool, gid).epoch == find_state(sa.pool, gid).epoch + 1
+    # B's receiver kept the replica's block maps: the promote read none of the data
+    assert _promote_logged(sb, gid, "block maps from the replica maps")
 
     written = write_random(sb, members[1], count=5, seed=5)
     wait_synced_after(lab, gid, members, src="b", dst="a")

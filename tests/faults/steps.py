@@ -21,6 +21,7 @@ from drsvc.replication.state import find_state
 from drsvc.transport import ssh
 from drsvc.transport.ssh import SshPeer
 from tests.dr.helpers import write_random
+from tests.fixtures.maps import replica_maps
 from tests.fixtures.sites import image_sha
 
 from .tally import TALLY
@@ -86,6 +87,18 @@ def check_converged(src, dst, unit_id, volume_ids, *, settle: float = 30.0) -> N
         TALLY.lost += 1
         raise AssertionError(f"{unit_id}: primary acked generation {acked}, replica holds "
                              f"{st.generation if st else None}" + (" with other data" if st else ""))
+    check_maps(dst, unit_id)
+
+
+def check_maps(site, unit_id) -> None:
+    """The block maps the replica keeps, when they claim to describe it, do (a promote
+    would build the new primary's base from them)."""
+    got = replica_maps(site.pool, unit_id)
+    if got == "exact":
+        TALLY.maps_exact += 1
+    elif got not in ("unused", "busy"):
+        TALLY.maps_wrong += 1
+        raise AssertionError(f"{unit_id} at {site.name}: its block maps are wrong: {got}")
 
 
 def peer_of(site, name="b", *, port=None, known_hosts=None, io_timeout=30.0) -> SshPeer:

@@ -17,10 +17,13 @@ class Tally:
     verified: int = 0    # replica checksums compared against a complete generation
     torn: int = 0        # a replica equal to no complete generation of the primary
     lost: int = 0        # an acknowledged generation missing from the replica
+    maps_exact: int = 0  # replicas whose kept block maps were checked against their images
+    maps_wrong: int = 0  # block maps claiming to describe a replica they do not
 
     def line(self) -> str:
         return (f"faults injected: {self.faults}, replicas verified: {self.verified}, "
-                f"torn: {self.torn}, lost: {self.lost}")
+                f"torn: {self.torn}, lost: {self.lost}, "
+                f"block maps checked: {self.maps_exact}, wrong: {self.maps_wrong}")
 
 
 TALLY = Tally()

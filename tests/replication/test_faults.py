@@ -21,6 +21,7 @@ from drsvc.replication.layout import PoolLayout
 from drsvc.replication.snapstore import generation_image
 from drsvc.replication.state import get_state
 from drsvc.transport.local import LocalPeer
+from tests.fixtures.maps import replica_maps
 from tests.fixtures.xfs import free_port, need
 
 from .conftest import make_image, new_sites, sha, write_at
@@ -114,12 +115,14 @@ def _check_after_fault(a, b, peer, old, gen_before):
     peer_status(peer, "v")
     got = sha(b / "images" / "v.img")
     assert got in (old, new), "replica is a mix of generations"
+    assert replica_maps(b, "v") in ("exact", "unused")      # never maps that claim what is not
     return got
 
 
 def _converge(a, b, peer):
     r = sync_unit(a, "v", ["v"], peer)
     assert sha(b / "images" / "v.img") == sha(a / "images" / "v.img")
+    assert replica_maps(b, "v") in ("exact", "unused")
     return r
 
 

@@ -17,6 +17,7 @@ from drsvc.replication import peer_status, release_peer, sync_unit, verify_unit
 from drsvc.replication import state as rstate
 from drsvc.replication.layout import PoolLayout
 from drsvc.transport.local import LocalPeer
+from tests.fixtures.maps import replica_maps
 from tests.fixtures.xfs import need
 
 from .conftest import make_image, new_sites, same_images, sha, write_at
@@ -97,6 +98,7 @@ def test_replica_equals_snapshot_after_every_sync(fsroot, bs, nvols, rounds, add
             apply_op(a / "images" / f"{rnd.choice(vols)}.img", o, rnd)
         r = sync_unit(a, unit, unit_vols, peer)
         same_images(a, b, unit_vols)
+        assert replica_maps(b, unit) == "exact"
         snap = PoolLayout(a).snap_dir(unit, r.target_generation)
         for v in unit_vols:
             assert sha(snap / f"{v}.img") == sha(b / "images" / f"{v}.img")

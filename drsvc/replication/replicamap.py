@@ -1,0 +1,260 @@
+"""The block maps of a secondary's replica, kept up to date as transactions apply.
+
+A Promote makes the received images the acked base of the new primary's first sync
+(``takeover.seed_base``). A base needs a block map of every member: the xxh3-128 digest of
+each block, exactly as the sender's scan computes it. Building one reads the whole volume
+(8 s for 10 GiB here, and it grows with the volume). So the receiver keeps the maps as
+transactions apply:
+
+- Each data record's block digests are computed as the record arrives, while its payload
+  is in hand. They are appended to the journal's ``digests.bin`` (``JournalDigests``) and
+  made durable with the records at the commit.
+- The apply writes them into ``maps/<vol>.map``. Zero records clear their slots, and a new
+  member's map is built whole. It then fsyncs the maps and records in ``maps/maps.json`` the
+  generation and transaction the maps describe, with each image's identity (inode, size,
+  ctime) as the apply left it (``ReplicaMaps``).
+- The maps are used only when that record matches the unit's state and every image is as
+  the apply left it. Anything else that changed an image makes them unused: a promote to
+  a point, writes while primary, or a replay whose first apply was cut short. The
+  promote then falls back to reading the volume.
+
+A Demote seeds them from its final sync's acked snapshot (``seed_from_base``), which holds
+the same content with its maps. It does so only when no write reached the images after that
+capture. The roles can then go back and forth without a read of the volume at either site.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import struct
+import threading
+from pathlib import Path
+
+from .. import store
+from .blockmap import DIGEST, MAP_PAGE, BlockMap, block_count, copy_map, digest_blocks
+from .layout import PoolLayout
+
+log = logging.getLogger(__name__)
+
+# member u16 | first block u64 | block count u32, then that many digests
+DIGEST_ENTRY = struct.Struct(">HQI")
+UNUSABLE = 0xFFFF            # an entry with this member: the records cannot be mapped (unaligned)
+_BUF = 1 << 20
+# A Demote seeds the maps only when the images' last change is older than its final
+# capture by this much: ctime comes from the kernel's coarse clock, which lags a tick.
+CAPTURE_SLACK_NS = 50_000_000
+
+
+class JournalDigests:
+    """``journal/digests.bin``: the block digests of every data record the journal holds,
+    one entry per record, in arrival order. Safe to call from the stripes' threads."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._f = None
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def digest(offset: int, block_size: int, data) -> bytes | None:
+        """The record's block digests; None when it does not start on a block boundary."""
+        return digest_blocks(data, block_size) if offset % block_size == 0 else None
+
+    def reset(self) -> None:
+        self.close()
+        with open(self.path, "wb"):
+            pass
+
+    def add(self, member: int, offset: int, block_size: int, digests: bytes | None) -> None:
+        with self._lock:
+            if self._f is None:
+                self._f = open(self.path, "ab", buffering=_BUF)  # noqa: SIM115 - closed by close()
+            if digests is None:
+                self._f.write(DIGEST_ENTRY.pack(UNUSABLE, 0, 0))
+                return
+            self._f.write(DIGEST_ENTRY.pack(member, offset // block_size, len(digests) // DIGEST))
+            self._f.write(digests)
+
+    def sync(self) -> None:
+        with self._lock:
+            if self._f is not None:
+                self._f.flush()
+                os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        with self._lock:
+            if self._f is not None:
+                self._f.close()
+                self._f = None
+
+    @staticmethod
+    def entries(path: Path):
+        """(member, first block, digests) of each entry; a torn tail ends the listing."""
+        with open(path, "rb", buffering=_BUF) as f:
+            while len(raw := f.read(DIGEST_ENTRY.size)) == DIGEST_ENTRY.size:
+                member, first, count = DIGEST_ENTRY.unpack(raw)
+                digests = f.read(count * DIGEST)
+                if len(digests) != count * DIGEST:
+                    return
+                yield member, first, digests
+
+
+def _identity(path: Path) -> list[int]:
+    st = os.stat(path)
+    return [st.st_ino, st.st_size, st.st_ctime_ns]
+
+
+class ReplicaMaps:
+    """One unit's replica maps and the record of what they describe."""
+
+    def __init__(self, layout: PoolLayout, unit_id: str):
+        self.layout, self.unit_id = layout, unit_id
+        self.dir = layout.replica_maps_dir(unit_id)
+        self.doc_path = layout.replica_maps_doc(unit_id)
+
+    def path(self, volume_id: str) -> Path:
+        return self.layout.replica_map(self.unit_id, volume_id)
+
+    def copy_to(self, volume_id: str, dst: Path) -> None:
+        """A durable copy of a member's map (a reflink where the pool has them)."""
+        _copy_durably(self.path(volume_id), dst)
+
+    def _describes(self, generation: int, txid: str | None, members, block_size: int | None) -> bool:
+        """Whether the maps describe exactly *members*' images at this generation."""
+        doc = store.read_doc(self.doc_path)
+        if not doc or doc.get("generation") != generation or doc.get("txid") != txid:
+            return False
+        if block_size is not None and doc.get("block_size") != block_size:
+            return False
+        recorded = doc.get("members") or {}
+        try:
+            return all(vol in recorded and self.path(vol).exists()
+                       and _identity(self.layout.image(vol)) == recorded[vol] for vol in members)
+        except FileNotFoundError:
+            return False
+
+    def valid(self, st) -> bool:
+        """The maps describe the unit's images at its recorded generation (a promote's base)."""
+        return bool(st.members) and self._describes(st.generation, st.txid, st.members, st.block_size)
+
+    def begin_apply(self, tx: dict, st) -> bool:
+        """Before a transaction changes the images: whether the maps can follow it (they
+        describe the images it applies to, or every member is new). The record goes either
+        way; it is written again once the maps describe the new generation."""
+        old = [m["volume_id"] for m in tx["members"] if not m["fresh"]]
+        follow = not old or (st is not None and self._describes(st.generation, st.txid, old, tx["block_size"]))
+        self.invalidate()
+        return follow
+
+    def invalidate(self) -> None:
+        """The maps no longer describe the images (not durable: a later record is)."""
+        try:
+            os.unlink(self.doc_path)
+        except FileNotFoundError:
+            pass
+
+    def discard(self) -> None:
+        """This site no longer receives (it became primary): the maps go."""
+        self.invalidate()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def apply(self, tx: dict, digests_path: Path, records) -> bool:
+        """After the transaction's images are durable: write its digests into the maps,
+        make them durable, and record what they now describe. *records*: (member, is_zero,
+        offset, length) of each record it applied. Returns False (the maps stay unused) when
+        the digests do not cover exactly the data records."""
+        bs = tx["block_size"]
+        members = tx["members"]
+        want = [0] * len(members)
+        zeros: list[tuple[int, int, int]] = []
+        for member, is_zero, offset, length in records:
+            if is_zero:
+                zeros.append((member, offset, length))
+            else:
+                want[member] += block_count(length, bs)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        maps = self._open(members, bs)
+        try:
+            got = [0] * len(members)
+            if digests_path.exists():
+                for member, first, digests in JournalDigests.entries(digests_path):
+                    if member == UNUSABLE or member >= len(members):
+                        return False
+                    maps[member].write(first, digests)
+                    got[member] += len(digests) // DIGEST
+            if got != want:
+                log.warning("%s: the journal's digests cover %s blocks, its records %s: maps not kept",
+                            self.unit_id, got, want)
+                return False
+            for member, offset, length in zeros:
+                if not members[member]["fresh"]:       # a new image's map starts empty
+                    _clear(maps[member], offset // bs, block_count(length, bs))
+            for m in maps.values():
+                m.fsync()
+        finally:
+            for m in maps.values():
+                m.close()
+        self._record(tx["target"], tx["txid"], [m["volume_id"] for m in members], bs)
+        return True
+
+    def _open(self, members, bs: int) -> dict[int, BlockMap]:
+        maps: dict[int, BlockMap] = {}
+        try:
+            for i, m in enumerate(members):
+                path = self.path(m["volume_id"])
+                if m["fresh"]:
+                    maps[i] = BlockMap.create(path, bs, m["size"])
+                else:
+                    maps[i] = BlockMap.open(path, writable=True)
+                    maps[i].resize(m["size"])
+        except BaseException:
+            for mp in maps.values():
+                mp.close()
+            raise
+        return maps
+
+    def _record(self, generation: int, txid: str | None, volumes, block_size: int) -> None:
+        for stale in self.dir.glob("*.map"):
+            if stale.stem not in volumes:
+                stale.unlink(missing_ok=True)
+        store.write_doc(self.doc_path, {"generation": generation, "txid": txid, "block_size": block_size,
+                                        "members": {v: _identity(self.layout.image(v)) for v in volumes}})
+
+    def seed_from_base(self, st, base_dir: Path, meta: dict) -> bool:
+        """A Demote: this site's images hold its final sync's acked generation, whose block
+        maps the sender built. Copy them in, unless an image changed after that capture."""
+        captured_ns = int(float(meta.get("captured_at") or 0) * 1e9)
+        try:
+            if any(os.stat(self.layout.image(v)).st_ctime_ns >= captured_ns - CAPTURE_SLACK_NS
+                   for v in st.members):
+                log.info("%s: an image changed after the final capture; its maps are not seeded", self.unit_id)
+                return False
+            self.invalidate()
+            self.dir.mkdir(parents=True, exist_ok=True)
+            for v in st.members:
+                self.path(v).unlink(missing_ok=True)
+                _copy_durably(self.layout.member_map(base_dir, v), self.path(v))
+        except FileNotFoundError:
+            return False
+        self._record(st.generation, st.txid, list(st.members), st.block_size)
+        return True
+
+
+def _copy_durably(src: Path, dst: Path) -> None:
+    copy_map(src, dst)
+    fd = os.open(dst, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _clear(m: BlockMap, first: int, count: int) -> None:
+    """Zero slots: written in place when few (gathered with the rest), punched when many."""
+    if count * DIGEST < MAP_PAGE:
+        m.write(first, bytes(count * DIGEST))
+    else:
+        m.clear(first, count)
+
+
+__all__ = ["JournalDigests", "ReplicaMaps"]
