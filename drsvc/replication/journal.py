@@ -10,7 +10,7 @@
                           position, so apply can reflink them into the image
     journal/staging/      new images of members that have no base (written in place)
     journal/digests.bin   the block digests of each data record held, for the replica's
-                          block maps (``replicamap``), durable with the records
+                          block maps (``replicamap``; not fsynced: it counts in its boot only)
     journal/commit.json   the commit marker: once it exists the transaction is applied,
                           by this process or by replay at the next contact
     journal/prepared.json the vote of a two-phase transaction (a volume group spanning
@@ -540,7 +540,7 @@ class Journal:
             os.fsync(self._data_fd)
         for fd in self._staging_fds.values():
             os.fsync(fd)
-        self.digests.sync()
+        self.digests.flush()      # to the kernel: it counts in this boot only (replicamap)
 
     def mark_committed(self, count: int, manifest: str) -> None:
         self.sync()

@@ -7,16 +7,24 @@ each block, exactly as the sender's scan computes it. Building one reads the who
 transactions apply:
 
 - Each data record's block digests are computed as the record arrives, while its payload
-  is in hand. They are appended to the journal's ``digests.bin`` (``JournalDigests``) and
-  made durable with the records at the commit.
+  is in hand. They are appended to the journal's ``digests.bin`` (``JournalDigests``),
+  which is handed to the kernel with the records at the commit.
 - The apply writes them into ``maps/<vol>.map``. Zero records clear their slots, and a new
-  member's map is built whole. It then fsyncs the maps and records in ``maps/maps.json`` the
-  generation and transaction the maps describe, with each image's identity (inode, size,
-  ctime) as the apply left it (``ReplicaMaps``).
+  member's map is built whole. It then records in ``maps/maps.json`` the generation and
+  transaction the maps describe, with each image's identity (inode, size, ctime) as the
+  apply left it (``ReplicaMaps``).
 - The maps are used only when that record matches the unit's state and every image is as
   the apply left it. Anything else that changed an image makes them unused: a promote to
   a point, writes while primary, or a replay whose first apply was cut short. The
   promote then falls back to reading the volume.
+
+Neither the digests nor the maps are fsynced on a sync's path: on a 1% sync of 1 GiB the
+map's pages alone are 4 MiB to write back, and the fsyncs cost the peer 30-40 ms a sync.
+A killed process loses nothing the kernel holds, so both carry the boot they were written
+in (``/proc/sys/kernel/random/boot_id``), and unsynced ones count only within that boot. The
+maps are made durable at most once every ``DURABLE_EVERY`` seconds, and by the promote
+that uses them, so a reboot costs at most the maps' last minute of transactions (they
+are unused until the next role change).
 
 A Demote seeds them from its final sync's acked snapshot (``seed_from_base``), which holds
 the same content with its maps. It does so only when no write reached the images after that
@@ -29,6 +37,8 @@ import os
 import shutil
 import struct
 import threading
+import time
+from functools import lru_cache
 from pathlib import Path
 
 from .. import store
@@ -39,11 +49,23 @@ log = logging.getLogger(__name__)
 
 # member u16 | first block u64 | block count u32, then that many digests
 DIGEST_ENTRY = struct.Struct(">HQI")
+DIGESTS_HEADER = struct.Struct(">8s40s")      # magic | the boot the file was written in
+DIGESTS_MAGIC = b"DRDIGST1"
+DURABLE_EVERY = 60.0         # seconds between fsyncs of a unit's maps (and at a promote)
 UNUSABLE = 0xFFFF            # an entry with this member: the records cannot be mapped (unaligned)
 _BUF = 1 << 20
 # A Demote seeds the maps only when the images' last change is older than its final
 # capture by this much: ctime comes from the kernel's coarse clock, which lags a tick.
 CAPTURE_SLACK_NS = 50_000_000
+
+
+@lru_cache(maxsize=1)
+def boot_id() -> str:
+    """This boot's id: what the kernel held unsynced survives a killed process, not a reboot."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
 
 
 class JournalDigests:
@@ -62,8 +84,8 @@ class JournalDigests:
 
     def reset(self) -> None:
         self.close()
-        with open(self.path, "wb"):
-            pass
+        with open(self.path, "wb") as f:
+            f.write(DIGESTS_HEADER.pack(DIGESTS_MAGIC, boot_id().encode()))
 
     def add(self, member: int, offset: int, block_size: int, digests: bytes | None) -> None:
         with self._lock:
@@ -75,11 +97,11 @@ class JournalDigests:
             self._f.write(DIGEST_ENTRY.pack(member, offset // block_size, len(digests) // DIGEST))
             self._f.write(digests)
 
-    def sync(self) -> None:
+    def flush(self) -> None:
+        """To the kernel (not to disk: the file counts only within this boot)."""
         with self._lock:
             if self._f is not None:
                 self._f.flush()
-                os.fsync(self._f.fileno())
 
     def close(self) -> None:
         with self._lock:
@@ -89,8 +111,12 @@ class JournalDigests:
 
     @staticmethod
     def entries(path: Path):
-        """(member, first block, digests) of each entry; a torn tail ends the listing."""
+        """(member, first block, digests) of each entry; a torn tail ends the listing, and a
+        file written in another boot (or without a header) has none."""
         with open(path, "rb", buffering=_BUF) as f:
+            magic, boot = DIGESTS_HEADER.unpack(f.read(DIGESTS_HEADER.size).ljust(DIGESTS_HEADER.size, b"\0"))
+            if magic != DIGESTS_MAGIC or not boot_id() or boot.rstrip(b"\0").decode() != boot_id():
+                return
             while len(raw := f.read(DIGEST_ENTRY.size)) == DIGEST_ENTRY.size:
                 member, first, count = DIGEST_ENTRY.unpack(raw)
                 digests = f.read(count * DIGEST)
@@ -111,6 +137,7 @@ class ReplicaMaps:
         self.layout, self.unit_id = layout, unit_id
         self.dir = layout.replica_maps_dir(unit_id)
         self.doc_path = layout.replica_maps_doc(unit_id)
+        self._durable_at = 0.0        # when the maps were last fsynced (the record before this apply)
 
     def path(self, volume_id: str) -> Path:
         return self.layout.replica_map(self.unit_id, volume_id)
@@ -124,6 +151,8 @@ class ReplicaMaps:
         doc = store.read_doc(self.doc_path)
         if not doc or doc.get("generation") != generation or doc.get("txid") != txid:
             return False
+        if not doc.get("durable") and (not boot_id() or doc.get("boot") != boot_id()):
+            return False          # written back unsynced before a reboot: maybe not all of it
         if block_size is not None and doc.get("block_size") != block_size:
             return False
         recorded = doc.get("members") or {}
@@ -137,12 +166,18 @@ class ReplicaMaps:
         """The maps describe the unit's images at its recorded generation (a promote's base)."""
         return bool(st.members) and self._describes(st.generation, st.txid, st.members, st.block_size)
 
+    def make_durable(self, volumes) -> None:
+        """fsync the maps (a promote is about to build a base from them)."""
+        store.fsync_files([self.path(v) for v in volumes], directory=self.dir)
+
     def begin_apply(self, tx: dict, st) -> bool:
         """Before a transaction changes the images: whether the maps can follow it (they
         describe the images it applies to, or every member is new). The record goes either
         way; it is written again once the maps describe the new generation."""
         old = [m["volume_id"] for m in tx["members"] if not m["fresh"]]
         follow = not old or (st is not None and self._describes(st.generation, st.txid, old, tx["block_size"]))
+        if follow and old:
+            self._durable_at = float((store.read_doc(self.doc_path) or {}).get("durable_at") or 0.0)
         self.invalidate()
         return follow
 
@@ -189,12 +224,16 @@ class ReplicaMaps:
             for member, offset, length in zeros:
                 if not members[member]["fresh"]:       # a new image's map starts empty
                     _clear(maps[member], offset // bs, block_count(length, bs))
+            durable = time.time() - self._durable_at >= DURABLE_EVERY
             for m in maps.values():
-                m.fsync()
+                if durable:
+                    m.fsync()
+                else:
+                    m.flush()
         finally:
             for m in maps.values():
                 m.close()
-        self._record(tx["target"], tx["txid"], [m["volume_id"] for m in members], bs)
+        self._record(tx["target"], tx["txid"], [m["volume_id"] for m in members], bs, durable=durable)
         return True
 
     def _open(self, members, bs: int) -> dict[int, BlockMap]:
@@ -213,12 +252,18 @@ class ReplicaMaps:
             raise
         return maps
 
-    def _record(self, generation: int, txid: str | None, volumes, block_size: int) -> None:
+    def _record(self, generation: int, txid: str | None, volumes, block_size: int, *, durable: bool) -> None:
+        """What the maps describe now. Unsynced (*durable* False), it counts only in this boot."""
         for stale in self.dir.glob("*.map"):
             if stale.stem not in volumes:
                 stale.unlink(missing_ok=True)
+        if durable:
+            store.fsync_dir(self.dir)
+            self._durable_at = time.time()
         store.write_doc(self.doc_path, {"generation": generation, "txid": txid, "block_size": block_size,
-                                        "members": {v: _identity(self.layout.image(v)) for v in volumes}})
+                                        "members": {v: _identity(self.layout.image(v)) for v in volumes},
+                                        "durable": durable, "durable_at": self._durable_at, "boot": boot_id()},
+                        durable=durable)
 
     def seed_from_base(self, st, base_dir: Path, meta: dict) -> bool:
         """A Demote: this site's images hold its final sync's acked generation, whose block
@@ -236,7 +281,7 @@ class ReplicaMaps:
                 _copy_durably(self.layout.member_map(base_dir, v), self.path(v))
         except FileNotFoundError:
             return False
-        self._record(st.generation, st.txid, list(st.members), st.block_size)
+        self._record(st.generation, st.txid, list(st.members), st.block_size, durable=True)
         return True
 
 

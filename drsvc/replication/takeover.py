@@ -45,6 +45,7 @@ def seed_base(pool, unit_id: str) -> str | None:
         maps = ReplicaMaps(layout, unit_id)
         source = "replica maps" if maps.valid(st) else "images"
         if source == "replica maps":
+            maps.make_durable(st.members)
             prepared = _from_maps(layout, st, maps, txid)
         else:
             log.info("%s: no block maps of the replica at generation %d; planning the base from "

@@ -16,6 +16,7 @@ from drsvc import store
 from drsvc.replication import sync_unit
 from drsvc.replication import state as rstate
 from drsvc.replication.layout import PoolLayout
+from drsvc.replication import replicamap
 from drsvc.replication.replicamap import ReplicaMaps
 from drsvc.replication.takeover import seed_base
 from drsvc.transport.local import LocalPeer
@@ -136,3 +137,22 @@ def test_a_demote_right_after_a_write_does_not_seed(xfs_mod):
     write_at(img, 0, os.urandom(4096))
     sync_unit(a, "v", ["v"], LocalPeer(b), demote=True)
     assert replica_maps(a, "v") == "unused"
+
+
+def test_unsynced_maps_count_only_in_the_boot_that_wrote_them(xfs_mod, monkeypatch):
+    """The maps are not fsynced on a sync's path (only every DURABLE_EVERY s, and by the
+    promote that uses them): after a reboot, unsynced ones are not trusted."""
+    a, b = new_sites(xfs_mod)
+    img = a / "images" / "v.img"
+    make_image(img, 2 * MiB, [(0, os.urandom(MiB))])
+    sync_unit(a, "v", ["v"], LocalPeer(b))
+    doc = store.read_doc(PoolLayout(b).replica_maps_doc("v"))
+    assert doc["durable"]                             # the first one is
+    write_at(img, 0, os.urandom(8192))
+    sync_unit(a, "v", ["v"], LocalPeer(b))
+    doc = store.read_doc(PoolLayout(b).replica_maps_doc("v"))
+    assert not doc["durable"] and doc["boot"] == replicamap.boot_id()
+    assert replica_maps(b, "v") == "exact"
+    monkeypatch.setattr(replicamap, "boot_id", lambda: "a-later-boot")
+    assert replica_maps(b, "v") == "unused"
+    assert seed_base(b, "v") == "images"
