@@ -33,6 +33,7 @@ capture. The roles can then go back and forth without a read of the volume at ei
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import shutil
 import struct
@@ -42,7 +43,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .. import store
-from .blockmap import DIGEST, MAP_PAGE, BlockMap, block_count, copy_map, digest_blocks
+from .blockmap import DIGEST, HEADER, MAP_PAGE, BlockMap, block_count, copy_map, digest_blocks
 from .layout import PoolLayout
 
 log = logging.getLogger(__name__)
@@ -117,12 +118,21 @@ class JournalDigests:
             magic, boot = DIGESTS_HEADER.unpack(f.read(DIGESTS_HEADER.size).ljust(DIGESTS_HEADER.size, b"\0"))
             if magic != DIGESTS_MAGIC or not boot_id() or boot.rstrip(b"\0").decode() != boot_id():
                 return
-            while len(raw := f.read(DIGEST_ENTRY.size)) == DIGEST_ENTRY.size:
-                member, first, count = DIGEST_ENTRY.unpack(raw)
-                digests = f.read(count * DIGEST)
-                if len(digests) != count * DIGEST:
-                    return
-                yield member, first, digests
+            buf, at = b"", 0
+            while True:
+                if len(buf) - at < DIGEST_ENTRY.size:
+                    buf, at = buf[at:] + f.read(_BUF), 0
+                    if len(buf) < DIGEST_ENTRY.size:
+                        return
+                member, first, count = DIGEST_ENTRY.unpack_from(buf, at)
+                end = at + DIGEST_ENTRY.size + count * DIGEST
+                if end > len(buf):
+                    buf, at = buf[at:] + f.read(max(_BUF, end - at)), 0
+                    end = DIGEST_ENTRY.size + count * DIGEST
+                    if end > len(buf):
+                        return          # a torn tail
+                yield member, first, buf[at + DIGEST_ENTRY.size:end]
+                at = end
 
 
 def _identity(path: Path) -> list[int]:
@@ -209,13 +219,13 @@ class ReplicaMaps:
                 want[member] += block_count(length, bs)
         self.dir.mkdir(parents=True, exist_ok=True)
         maps = self._open(members, bs)
+        durable = time.time() - self._durable_at >= DURABLE_EVERY
         try:
             got = [0] * len(members)
             if digests_path.exists():
                 for member, first, digests in JournalDigests.entries(digests_path):
-                    if member == UNUSABLE or member >= len(members):
+                    if member == UNUSABLE or member >= len(members) or not maps[member].write(first, digests):
                         return False
-                    maps[member].write(first, digests)
                     got[member] += len(digests) // DIGEST
             if got != want:
                 log.warning("%s: the journal's digests cover %s blocks, its records %s: maps not kept",
@@ -223,32 +233,27 @@ class ReplicaMaps:
                 return False
             for member, offset, length in zeros:
                 if not members[member]["fresh"]:       # a new image's map starts empty
-                    _clear(maps[member], offset // bs, block_count(length, bs))
-            durable = time.time() - self._durable_at >= DURABLE_EVERY
-            for m in maps.values():
-                if durable:
-                    m.fsync()
-                else:
-                    m.flush()
+                    maps[member].clear(offset // bs, block_count(length, bs))
         finally:
             for m in maps.values():
-                m.close()
+                m.close(durable)
         self._record(tx["target"], tx["txid"], [m["volume_id"] for m in members], bs, durable=durable)
         return True
 
-    def _open(self, members, bs: int) -> dict[int, BlockMap]:
-        maps: dict[int, BlockMap] = {}
+    def _open(self, members, bs: int) -> dict[int, _Slots]:
+        maps: dict[int, _Slots] = {}
         try:
             for i, m in enumerate(members):
                 path = self.path(m["volume_id"])
                 if m["fresh"]:
-                    maps[i] = BlockMap.create(path, bs, m["size"])
+                    bm = BlockMap.create(path, bs, m["size"])
                 else:
-                    maps[i] = BlockMap.open(path, writable=True)
-                    maps[i].resize(m["size"])
+                    bm = BlockMap.open(path, writable=True)
+                    bm.resize(m["size"])
+                maps[i] = _Slots(bm)
         except BaseException:
             for mp in maps.values():
-                mp.close()
+                mp.close(False)
             raise
         return maps
 
@@ -294,12 +299,45 @@ def _copy_durably(src: Path, dst: Path) -> None:
         os.close(fd)
 
 
-def _clear(m: BlockMap, first: int, count: int) -> None:
-    """Zero slots: written in place when few (gathered with the rest), punched when many."""
-    if count * DIGEST < MAP_PAGE:
-        m.write(first, bytes(count * DIGEST))
-    else:
-        m.clear(first, count)
+class _Slots:
+    """A map's slots, written through a shared mapping of its file: a 1% sync of 1 GiB
+    writes ~2,600 single slots scattered over the map, a slice assignment each (through
+    ``BlockMap.write`` they cost the peer ~10 ms a sync)."""
+
+    def __init__(self, m: BlockMap):
+        self.m = m
+        try:
+            self.mm = mmap.mmap(m.fd, HEADER.size + m.blocks * DIGEST)
+        except BaseException:
+            m.close()
+            raise
+
+    def write(self, first: int, digests) -> bool:
+        """False when the slots are not the map's (the digests do not fit the image)."""
+        pos = HEADER.size + first * DIGEST
+        if first < 0 or pos + len(digests) > len(self.mm):
+            return False
+        self.mm[pos:pos + len(digests)] = digests
+        return True
+
+    def clear(self, first: int, count: int) -> None:
+        """Zero slots: written when few, punched out of the file when many."""
+        count = min(count, self.m.blocks - first)
+        if count <= 0:
+            return
+        if count * DIGEST < MAP_PAGE:
+            pos = HEADER.size + first * DIGEST
+            self.mm[pos:pos + count * DIGEST] = bytes(count * DIGEST)
+        else:
+            self.m.clear(first, count)
+
+    def close(self, durable: bool) -> None:
+        self.mm.close()
+        try:
+            if durable:
+                os.fsync(self.m.fd)
+        finally:
+            self.m.close()
 
 
 __all__ = ["JournalDigests", "ReplicaMaps"]
