@@ -44,7 +44,7 @@ from .. import store
 from ..errors import StreamCorrupt, TransactionEnded
 from ..host.reflink import UNSUPPORTED, clone_file_range, start_writeback
 from . import pointcommit, protocol
-from .blockmap import punch_hole
+from .blockmap import DIGEST, HEADER, punch_hole
 from .faults import failpoint
 from .layout import PoolLayout, check_id
 from .protocol import CODEC_RAW, CODEC_ZERO, RECORD, ManifestChain, RecordHeader
@@ -201,31 +201,53 @@ class _Cloner:
 
 
 class _Readahead:
-    """Asks the kernel for the replica's bytes each arriving record will overwrite, so
-    that the recovery points' undo copy at commit (``pointcommit.before_apply``) finds
-    them in the page cache: the reads run while the rest of the stream arrives, not
+    """Asks the kernel for what the commit will read, so that it finds it in the page cache:
+    the replica's bytes each arriving record overwrites (the recovery points' undo copy,
+    ``pointcommit.before_apply``, when *images*), and the slots of the replica's block maps
+    that the record's digests replace (``replicamap``; a map of up to WHOLE_MAP bytes is
+    asked for whole, at once). The reads run while the rest of the stream arrives, not
     after it. A thread of its own issues the requests (starting a cold read can block),
-    and nothing waits for it: what it has not asked for by the commit, the undo copy
-    reads itself. Members without an image here (fresh ones) are skipped."""
+    and nothing waits for it: what it has not asked for by the commit is read then.
+    Members without an image here (fresh ones) are skipped."""
 
-    def __init__(self, layout: PoolLayout, members):
-        self.fds: dict[int, int] = {}
-        for i, m in enumerate(members):
-            if m["fresh"]:
-                continue
-            try:
-                self.fds[i] = os.open(layout.image(m["volume_id"]), os.O_RDONLY)
-            except FileNotFoundError:
-                continue
+    WHOLE_MAP = 16 << 20
+
+    def __init__(self, layout: PoolLayout, unit_id: str, members, *, images: bool, block_size: int):
+        self.fds: dict[int, int] = {}        # member -> its image (images)
+        self.maps: dict[int, int] = {}       # member -> its replica map, asked for by record
+        self.bs = block_size
         self._q: collections.deque = collections.deque()
         self._cv = threading.Condition()
         self._stopped = False
         self._thread: threading.Thread | None = None
+        self._open: list[int] = []
+        for i, m in enumerate(members):
+            if m["fresh"]:
+                continue
+            if images and (fd := self._fd(layout.image(m["volume_id"]))) is not None:
+                self.fds[i] = fd
+            if (fd := self._fd(layout.replica_map(unit_id, m["volume_id"]))) is not None:
+                size = os.fstat(fd).st_size
+                if size <= self.WHOLE_MAP:
+                    self._ask(fd, 0, size)
+                else:
+                    self.maps[i] = fd
+
+    def _fd(self, path) -> int | None:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        self._open.append(fd)
+        return fd
 
     def want(self, member: int, offset: int, length: int) -> None:
-        fd = self.fds.get(member)
-        if fd is None:
-            return
+        if (fd := self.fds.get(member)) is not None:
+            self._ask(fd, offset, length)
+        if (fd := self.maps.get(member)) is not None:
+            self._ask(fd, HEADER.size + offset // self.bs * DIGEST, -(-length // self.bs) * DIGEST)
+
+    def _ask(self, fd: int, offset: int, length: int) -> None:
         with self._cv:
             self._q.append((fd, offset, length))
             if self._thread is None:
@@ -251,9 +273,11 @@ class _Readahead:
             self._cv.notify()
         if self._thread is not None:
             self._thread.join()
-        for fd in self.fds.values():
+        for fd in self._open:
             os.close(fd)
+        self._open.clear()
         self.fds.clear()
+        self.maps.clear()
 
 
 class _Index:
@@ -397,13 +421,16 @@ class Journal:
         with self._lock:
             self._sealed = True
 
-    def read_ahead_overwritten(self) -> bool:
-        """When the unit keeps recovery points: read the replica's bytes under each record
-        as it arrives (``_Readahead``). Returns whether it does."""
-        if self._readahead is None and self.tx and pointcommit.keeps_undo(self.layout, self.unit_id):
+    def read_ahead(self) -> bool:
+        """Read ahead what the commit reads (``_Readahead``): the replica's bytes under each
+        record as it arrives when the unit keeps recovery points, and the replica's block
+        maps. Returns whether the replica's bytes are read ahead."""
+        if self._readahead is None and self.tx:
             with self._lock:
-                self._readahead = _Readahead(self.layout, self.tx["members"])
-        return self._readahead is not None
+                self._readahead = _Readahead(self.layout, self.unit_id, self.tx["members"],
+                                             images=pointcommit.keeps_undo(self.layout, self.unit_id),
+                                             block_size=self.tx["block_size"])
+        return bool(self._readahead.fds)
 
     def close(self) -> None:
         self._writer.stop()          # before the fds it writes to are closed

@@ -207,7 +207,7 @@ class Transaction:
                 msg = self.receive(reader)
                 if msg["type"] == "restart" and not self.refused:
                     self.journal.create(self.tx)
-                    self.journal.read_ahead_overwritten()
+                    self.journal.read_ahead()
                     self._ready(out)
                     continue
                 if self.refused and msg["type"] in ("commit", "abort"):
@@ -245,7 +245,7 @@ class Transaction:
             j.scan()
         else:
             j.create(tx)
-        j.read_ahead_overwritten()
+        j.read_ahead()
         if not tx["one_flight"]:
             self._ready(out)
 

@@ -247,7 +247,7 @@ def test_records_read_ahead_what_they_overwrite_when_the_unit_keeps_points(xfs_m
         assert not any(_cached(img, off) for off in overwritten + untouched)
         j = Journal(lay, "v")
         j.create(_tx(size))
-        assert j.read_ahead_overwritten() is keeps
+        assert j.read_ahead() is keeps
         for i, off in enumerate(overwritten):
             data = os.urandom(4096)
             j.append(protocol.RecordHeader(0, protocol.CODEC_RAW, off, 4096, protocol.payload_checksum(data), i), data)
@@ -258,3 +258,43 @@ def test_records_read_ahead_what_they_overwrite_when_the_unit_keeps_points(xfs_m
         assert not any(_cached(img, off) for off in untouched)
         j.close()
         assert j._readahead is None
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_records_read_ahead_the_replica_map_slots_they_replace(xfs_mod, monkeypatch, whole):
+    """The apply writes each record's digests into the replica's block map: the journal asks
+    for those map pages as records arrive (a map up to WHOLE_MAP bytes whole, at begin), so
+    the apply does not fault them in cold after the stream."""
+    import time
+
+    from drsvc.replication.blockmap import DIGEST, HEADER, BlockMap
+    from drsvc.replication.journal import _Readahead
+    if not whole:
+        monkeypatch.setattr(_Readahead, "WHOLE_MAP", 0)
+    size = 4096 * BS                               # a map of 64 KiB: 16 pages
+    lay = PoolLayout(xfs_mod / f"journal-map-readahead-{whole}")
+    (lay.root / "images").mkdir(parents=True)
+    make_image(lay.image("v"), size)
+    lay.replica_maps_dir("v").mkdir(parents=True)
+    mp = lay.replica_map("v", "v")
+    with BlockMap.create(mp, BS, size) as m:
+        m.write(0, os.urandom(4096 * DIGEST))
+        m.fsync()
+    fd = os.open(mp, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    slot = lambda off: HEADER.size + off // BS * DIGEST     # noqa: E731
+    written, untouched = [300 * BS, 3000 * BS], [2000 * BS]
+    assert not any(_cached(mp, slot(off)) for off in written + untouched)
+    j = Journal(lay, "v")
+    j.create(_tx(size))
+    j.read_ahead()
+    for i, off in enumerate(written):
+        data = os.urandom(4096)
+        j.append(protocol.RecordHeader(0, protocol.CODEC_RAW, off, 4096, protocol.payload_checksum(data), i), data)
+    deadline = time.monotonic() + 10
+    while not all(_cached(mp, slot(off)) for off in written) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert all(_cached(mp, slot(off)) for off in written)
+    assert any(_cached(mp, slot(off)) for off in untouched) is whole
+    j.close()
