@@ -38,6 +38,7 @@ import os
 import shutil
 import struct
 import threading
+import time
 from pathlib import Path
 
 from .. import store
@@ -328,6 +329,7 @@ class Journal:
         self._sealed = False            # the transaction ended: no appends, from any thread
         self._readahead: _Readahead | None = None
         self.index = _Index()
+        self.maps_s = 0.0
         self.digests = JournalDigests(layout.journal_digests(unit_id))
 
     @property
@@ -583,8 +585,10 @@ class Journal:
         """Apply a committed journal to the pool's images; safe to repeat."""
         self.close()
         pointcommit.before_apply(self.layout, self.tx, self.spans)   # recovery points: keep what it overwrites
+        t = time.monotonic()
         maps = ReplicaMaps(self.layout, self.unit_id)
         follow = maps.begin_apply(self.tx, find_state(self.layout.root, self.unit_id))
+        begin_s = time.monotonic() - t
         members = self.tx["members"]
         fds: dict[int, int] = {}
         cloner = _Cloner()
@@ -598,8 +602,10 @@ class Journal:
                 os.close(fd)
             self.close()
         self._install_staged(members)
+        t = time.monotonic()
         if follow:
             maps.apply(self.tx, self.digests.path, ((m, c == CODEC_ZERO, o, n) for m, c, _f, o, n, _p, _i in self._entries()))
+        self.maps_s = begin_s + time.monotonic() - t      # the replica's block maps' share of it
         return cloner
 
     def _open_images(self, members, fds: dict[int, int]) -> None:

@@ -324,7 +324,8 @@ class Transaction:
         out.control({"type": "committed", "generation": st.generation, "txid": tx["txid"],
                      "epoch": st.epoch, "cloned_bytes": applied.cloned, "copied_bytes": applied.copied,
                      # the peer's share of the stream phase: making it durable, then applying
-                     "sync_s": round(t_apply - t_sync, 4), "apply_s": round(t_done - t_apply, 4)})
+                     "sync_s": round(t_apply - t_sync, 4), "apply_s": round(t_done - t_apply, 4),
+                     "maps_s": round(j.maps_s, 4)})
         return Journal(self.layout, tx["unit"])
 
     def _keep_received(self) -> None:
