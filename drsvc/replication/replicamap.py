@@ -204,10 +204,11 @@ class ReplicaMaps:
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def apply(self, tx: dict, digests_path: Path, records) -> bool:
-        """After the transaction's images are durable: write its digests into the maps,
-        make them durable, and record what they now describe. *records*: (member, is_zero,
-        offset, length) of each record it applied. Returns False (the maps stay unused) when
-        the digests do not cover exactly the data records."""
+        """After the transaction's images are durable: write its digests into the maps (and
+        fsync them when the last fsync is DURABLE_EVERY old), and record what they now
+        describe. *records*: (member, is_zero, offset, length) of each record it applied.
+        Returns False (the maps stay unused) when the digests do not cover exactly the data
+        records."""
         bs = tx["block_size"]
         members = tx["members"]
         want = [0] * len(members)
