@@ -33,7 +33,6 @@ capture. The roles can then go back and forth without a read of the volume at ei
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 import shutil
 import struct
@@ -116,7 +115,7 @@ class JournalDigests:
         file written in another boot (or without a header) has none."""
         with open(path, "rb", buffering=_BUF) as f:
             magic, boot = DIGESTS_HEADER.unpack(f.read(DIGESTS_HEADER.size).ljust(DIGESTS_HEADER.size, b"\0"))
-            if magic != DIGESTS_MAGIC or not boot_id() or boot.rstrip(b"\0").decode() != boot_id():
+            if magic != DIGESTS_MAGIC or not boot_id() or boot.rstrip(b"\0").decode(errors="replace") != boot_id():
                 return
             buf, at = b"", 0
             while True:
@@ -183,7 +182,16 @@ class ReplicaMaps:
     def begin_apply(self, tx: dict, st) -> bool:
         """Before a transaction changes the images: whether the maps can follow it (they
         describe the images it applies to, or every member is new). The record goes either
-        way; it is written again once the maps describe the new generation."""
+        way; it is written again once the maps describe the new generation. The maps never
+        fail a transaction: whatever goes wrong with them leaves them unused."""
+        try:
+            return self._begin_apply(tx, st)
+        except Exception as e:        # noqa: BLE001 - an optimisation must not fail the commit
+            log.warning("%s: block maps of the replica left unused (%s)", self.unit_id, e)
+            self._drop_record()
+            return False
+
+    def _begin_apply(self, tx: dict, st) -> bool:
         old = [m["volume_id"] for m in tx["members"] if not m["fresh"]]
         follow = not old or (st is not None and self._describes(st.generation, st.txid, old, tx["block_size"]))
         if follow and old:
@@ -208,7 +216,21 @@ class ReplicaMaps:
         fsync them when the last fsync is DURABLE_EVERY old), and record what they now
         describe. *records*: (member, is_zero, offset, length) of each record it applied.
         Returns False (the maps stay unused) when the digests do not cover exactly the data
-        records."""
+        records, or anything fails (a full pool): the maps never fail a transaction."""
+        try:
+            return self._apply(tx, digests_path, records)
+        except Exception as e:        # noqa: BLE001 - an optimisation must not fail the commit
+            log.warning("%s: block maps of the replica left unused (%s)", self.unit_id, e)
+            self._drop_record()
+            return False
+
+    def _drop_record(self) -> None:
+        try:
+            self.invalidate()
+        except OSError:
+            pass
+
+    def _apply(self, tx: dict, digests_path: Path, records) -> bool:
         bs = tx["block_size"]
         members = tx["members"]
         want = [0] * len(members)
@@ -301,24 +323,42 @@ def _copy_durably(src: Path, dst: Path) -> None:
 
 
 class _Slots:
-    """A map's slots, written through a shared mapping of its file: a 1% sync of 1 GiB
-    writes ~2,600 single slots scattered over the map, a slice assignment each (through
-    ``BlockMap.write`` they cost the peer ~10 ms a sync)."""
+    """A map's slots, gathered by 64 KiB page and written back in runs of pages, one
+    ``pwritev`` a run: a 1% sync of 1 GiB writes ~2,600 single slots scattered over the map
+    (5 ms here, against ~10 ms through ``BlockMap.write``). Plain reads and writes, never a
+    shared mapping (it measured 2.5 ms): a write through one into a hole, or into a block
+    shared by a reflink, on a full pool is SIGBUS, and the receiver would die at every replay."""
+
+    PAGE = 64 << 10
+    MAX_PAGES = 256                # 16 MiB gathered at most
 
     def __init__(self, m: BlockMap):
         self.m = m
-        try:
-            self.mm = mmap.mmap(m.fd, HEADER.size + m.blocks * DIGEST)
-        except BaseException:
-            m.close()
-            raise
+        self.end = HEADER.size + m.blocks * DIGEST
+        self.pages: dict[int, bytearray] = {}
 
     def write(self, first: int, digests) -> bool:
         """False when the slots are not the map's (the digests do not fit the image)."""
         pos = HEADER.size + first * DIGEST
-        if first < 0 or pos + len(digests) > len(self.mm):
+        end = pos + len(digests)
+        if first < 0 or end > self.end:
             return False
-        self.mm[pos:pos + len(digests)] = digests
+        if len(digests) >= 16 * self.PAGE:       # a run (a whole record of a new image): as it is
+            self.flush()
+            os.pwrite(self.m.fd, digests, pos)
+            return True
+        src = 0
+        while pos < end:
+            page, rel = divmod(pos, self.PAGE)
+            buf = self.pages.get(page)
+            if buf is None:
+                if len(self.pages) >= self.MAX_PAGES:
+                    self.flush()
+                buf = self.pages[page] = bytearray(os.pread(self.m.fd, self.PAGE, page * self.PAGE))
+            n = min(end - pos, self.PAGE - rel)
+            buf[rel:rel + n] = digests[src:src + n]
+            pos += n
+            src += n
         return True
 
     def clear(self, first: int, count: int) -> None:
@@ -327,14 +367,30 @@ class _Slots:
         if count <= 0:
             return
         if count * DIGEST < MAP_PAGE:
-            pos = HEADER.size + first * DIGEST
-            self.mm[pos:pos + count * DIGEST] = bytes(count * DIGEST)
+            self.write(first, bytes(count * DIGEST))
         else:
+            self.flush()
             self.m.clear(first, count)
 
+    def flush(self) -> None:
+        """The gathered pages, in runs of consecutive pages (one pwritev each)."""
+        run: list[bytearray] = []
+        start = prev = -2
+        for page in sorted(self.pages):
+            if page != prev + 1 and run:
+                os.pwritev(self.m.fd, run, start * self.PAGE)
+                run = []
+            if not run:
+                start = page
+            run.append(self.pages[page])
+            prev = page
+        if run:
+            os.pwritev(self.m.fd, run, start * self.PAGE)
+        self.pages.clear()
+
     def close(self, durable: bool) -> None:
-        self.mm.close()
         try:
+            self.flush()
             if durable:
                 os.fsync(self.m.fd)
         finally:

@@ -156,3 +156,21 @@ def test_unsynced_maps_count_only_in_the_boot_that_wrote_them(xfs_mod, monkeypat
     monkeypatch.setattr(replicamap, "boot_id", lambda: "a-later-boot")
     assert replica_maps(b, "v") == "unused"
     assert seed_base(b, "v") == "images"
+
+
+def test_maps_that_cannot_be_written_never_fail_a_transaction(xfs_mod):
+    """The maps are an optimisation: when they cannot be written (here a map that is not a
+    file; on a full pool, ENOSPC), the transaction commits and the maps are left unused."""
+    a, b = new_sites(xfs_mod)
+    img = a / "images" / "v.img"
+    make_image(img, 2 * MiB, [(0, os.urandom(MiB))])
+    sync_unit(a, "v", ["v"], LocalPeer(b))
+    mp = PoolLayout(b).replica_map("v", "v")
+    mp.unlink()
+    mp.mkdir()
+    write_at(img, 0, os.urandom(8192))
+    r = sync_unit(a, "v", ["v"], LocalPeer(b))
+    assert r.target_generation == 2
+    same_images(a, b, ["v"])
+    assert replica_maps(b, "v") == "unused"
+    assert seed_base(b, "v") == "images"
