@@ -128,8 +128,11 @@ def test_a_demote_seeds_the_old_primarys_maps(xfs_mod):
     assert _base_meta(a, "v")["seeded_from"] == "replica maps"
 
 
-def test_a_demote_right_after_a_write_does_not_seed(xfs_mod):
-    """A write as recent as the final capture may have landed after it: no seed."""
+def test_a_demote_right_after_a_write_does_not_seed(xfs_mod, monkeypatch):
+    """A write as recent as the final capture may have landed after it: no seed. (The
+    slack is widened so that a loaded machine, slow between the write and the capture,
+    cannot make the write look older than it.)"""
+    monkeypatch.setattr(replicamap, "CAPTURE_SLACK_NS", 60_000_000_000)
     a, b = new_sites(xfs_mod)
     img = a / "images" / "v.img"
     make_image(img, 2 * MiB, [(0, os.urandom(MiB))])
