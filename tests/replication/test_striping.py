@@ -43,9 +43,9 @@ class Cutting(Recording):
     """Cuts the connection of stripe 1 after *after* bytes (both directions, like a lost TCP
     connection); the other channels go on."""
 
-    def __init__(self, pool, after: int):
+    def __init__(self, pool, after: int, on_cut=None):
         super().__init__(pool)
-        self.after = after
+        self.after, self.on_cut = after, on_cut
 
     def open(self, verb, *args):
         chan = super().open(verb, *args)
@@ -54,6 +54,8 @@ class Cutting(Recording):
 
             def send(data):
                 if budget[0] <= 0:
+                    if self.on_cut is not None:
+                        self.on_cut()
                     chan.sock.shutdown(socket.SHUT_RDWR)
                     raise PeerUnreachable(peer=self.name, reason="cut")
                 budget[0] -= len(data)
@@ -73,7 +75,7 @@ def test_a_striped_sync_is_byte_equal(xfs_mod):
     make_image(a / "images" / "v2.img", 16 * MiB, [(MiB, os.urandom(6 * MiB))])
     peer = Recording(b)
     r = sync_unit(a, "g", ["v1", "v2"], peer, link=STRIPED)         # fresh members: staging images
-    assert r.stripes == 4 and r.steps == ["sync"]
+    assert r.stripes == 4 and r.steps == ["sync"] and r.pipelined   # sent while the plan read
     assert _images(a, b, ["v1", "v2"])
     stripes = peer.sent("stripe")
     # channels take the next batch when free: a stripe that opened late on a loaded machine
@@ -83,7 +85,7 @@ def test_a_striped_sync_is_byte_equal(xfs_mod):
         write_at(a / "images" / "v1.img", i * 700 * 1024, os.urandom(8192))
     write_at(a / "images" / "v2.img", 2 * MiB, bytes(2 * MiB))      # a zero range
     r = sync_unit(a, "g", ["v1", "v2"], Recording(b), link=STRIPED)
-    assert r.stripes == 4 and r.records_sent == r.records
+    assert r.stripes == 4 and r.records_sent == r.records and not r.pipelined    # a delta: planned first
     assert _images(a, b, ["v1", "v2"])
 
 
@@ -109,6 +111,35 @@ def test_a_cut_stripe_resumes_without_resending_what_landed(xfs_mod):
     assert r.bytes_on_wire < (r.records - len(held)) * MiB + 64 * 1024
     bye = len(protocol.encode_control({"type": "bye"}))            # sent after the report is made
     assert sum(peer.sent("stripe")) + sum(peer.sent("apply")) == r.bytes_on_wire + bye
+    assert sha(img) == sha(b / "images" / "v.img")
+
+
+def test_a_first_copy_cut_while_its_plan_reads_resumes(xfs_mod):
+    """A first copy is sent while its plan still reads the image (pipelined). A stripe cut
+    before the plan is whole: the plan finishes and records the intent anyway, so the next
+    sync resumes the same generation and sends only the records that had not landed."""
+    a, b = new_sites(xfs_mod)
+    img = a / "images" / "v.img"
+    n = 256
+    make_image(img, n * MiB, [(0, os.urandom(n * MiB))])            # 256 records of 1 MiB
+    with open(img, "rb") as f:                                       # read cold: the plan takes a while
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    intent = PoolLayout(a).snap_dir("v", 1)
+    at_cut = []
+    with pytest.raises(PeerUnreachable):
+        sync_unit(a, "v", ["v"], Cutting(b, after=2 * MiB, on_cut=lambda: at_cut.append(intent.exists())),
+                  link=STRIPED)
+    assert at_cut == [False], "cut before the plan was whole (else this tests nothing new)"
+    assert (intent / "meta.json").exists(), "the intent: resumable"
+    j = Journal(PoolLayout(b), "v")
+    assert j.load()
+    j.scan()
+    held = set(j.durable())
+    j.close()
+    assert 0 < len(held) < n
+    r = sync_unit(a, "v", ["v"], Recording(b), link=STRIPED)
+    assert r.resumed and r.steps == ["resume"] and r.records_sent == r.records - len(held)
     assert sha(img) == sha(b / "images" / "v.img")
 
 
