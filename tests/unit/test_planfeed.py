@@ -21,6 +21,23 @@ def _entries(data: bytes, n: int, size: int = 4096):
             for i in range(n)]
 
 
+def _plan_that_waits(tmp_path, n: int, ready: threading.Event):
+    """An image of *n* 4 KiB records, and a plan that gives the first, waits for *ready*,
+    then gives the rest: (path, entries, planning)."""
+    data = os.urandom(n * 4096)
+    path = tmp_path / "img"
+    path.write_bytes(data)
+    entries = _entries(data, n)
+
+    def run(feed):
+        feed.put(entries[0])
+        if not ready.wait(WAIT):
+            raise TimeoutError("the plan waited in vain")
+        for e in entries[1:]:
+            feed.put(e)
+    return path, entries, Planning(run, "plan-test")
+
+
 def test_entries_come_in_order_then_end():
     planning = Planning(lambda feed: [feed.put((0, False, i, 1, i)) for i in range(5000)], "plan-test")
     got = [e for e in planning.feed if e is not None]
@@ -80,19 +97,8 @@ def test_records_leave_while_the_plan_is_still_being_written(tmp_path):
     """The plan gives its first record and then waits until that record was written to the
     channel: a stream that waited for the whole plan (or for a full batch) never sends it,
     and the plan gives up."""
-    data = os.urandom(64 * 4096)
-    path = tmp_path / "img"
-    path.write_bytes(data)
-    entries = _entries(data, 64)
     first_written = threading.Event()
-
-    def run(feed):
-        feed.put(entries[0])
-        if not first_written.wait(WAIT):
-            raise TimeoutError("the first record was not sent while the plan waited")
-        for e in entries[1:]:
-            feed.put(e)
-    planning = Planning(run, "plan-test")
+    path, entries, planning = _plan_that_waits(tmp_path, 64, first_written)
     out = bytearray()
 
     def write(b):
@@ -112,18 +118,8 @@ def test_records_leave_while_the_plan_is_still_being_written(tmp_path):
 
 
 def test_a_stream_that_stops_detaches_from_a_plan_still_running(tmp_path):
-    data = os.urandom(8 * 4096)
-    path = tmp_path / "img"
-    path.write_bytes(data)
-    entries = _entries(data, 8)
     release = threading.Event()
-
-    def run(feed):
-        feed.put(entries[0])
-        assert release.wait(WAIT)
-        for e in entries[1:]:
-            feed.put(e)
-    planning = Planning(run, "plan-test")
+    path, _, planning = _plan_that_waits(tmp_path, 8, release)
 
     def write(b):
         raise ConnectionResetError("cut")
