@@ -67,7 +67,9 @@ def stream(session: Session, prepared: Prepared, report: SyncReport, *, unit_id:
     one_flight = one_flight and v4
     skip, held = _begin(session, tx, prepared, unit_id, one_flight)
     stripes = session.open_stripes(token, n - 1) if token else []
-    came = session.watch() if one_flight else None
+    # protocol 4: the answer is read on a thread, so a receiver that stops on an error of its own
+    # (a full pool) is heard even when a stripe's channel breaks first (a resumed transaction too)
+    came = session.watch() if v4 else None
     try:
         sent, chain = _send_or_say_why(session, stripes, came, lambda: _send_records(
             session, prepared, stripes, skip, held, v4, came, compress, progress_path, unit_id, feed, planned,
