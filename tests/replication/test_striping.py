@@ -43,9 +43,9 @@ class Cutting(Recording):
     """Cuts the connection of stripe 1 after *after* bytes (both directions, like a lost TCP
     connection); the other channels go on."""
 
-    def __init__(self, pool, after: int, on_cut=None):
+    def __init__(self, pool, after: int):
         super().__init__(pool)
-        self.after, self.on_cut = after, on_cut
+        self.after = after
 
     def open(self, verb, *args):
         chan = super().open(verb, *args)
@@ -54,8 +54,6 @@ class Cutting(Recording):
 
             def send(data):
                 if budget[0] <= 0:
-                    if self.on_cut is not None:
-                        self.on_cut()
                     chan.sock.shutdown(socket.SHUT_RDWR)
                     raise PeerUnreachable(peer=self.name, reason="cut")
                 budget[0] -= len(data)
@@ -116,8 +114,11 @@ def test_a_cut_stripe_resumes_without_resending_what_landed(xfs_mod):
 
 def test_a_first_copy_cut_while_its_plan_reads_resumes(xfs_mod):
     """A first copy is sent while its plan still reads the image (pipelined). A stripe cut
-    before the plan is whole: the plan finishes and records the intent anyway, so the next
-    sync resumes the same generation and sends only the records that had not landed."""
+    while the plan reads (most runs: the image is read cold) or after it is whole: either
+    way the intent is recorded, so the next sync resumes the same generation and sends only
+    the records that had not landed. Which of the two a run hits depends on the machine's
+    load; Ship's handling of a cut mid-plan is tested deterministically in test_driver
+    (test_a_stream_cut_while_its_plan_reads_leaves_the_generation_resumable)."""
     a, b = new_sites(xfs_mod)
     img = a / "images" / "v.img"
     n = 256
@@ -126,11 +127,8 @@ def test_a_first_copy_cut_while_its_plan_reads_resumes(xfs_mod):
         os.fsync(f.fileno())
         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
     intent = PoolLayout(a).snap_dir("v", 1)
-    at_cut = []
     with pytest.raises(PeerUnreachable):
-        sync_unit(a, "v", ["v"], Cutting(b, after=2 * MiB, on_cut=lambda: at_cut.append(intent.exists())),
-                  link=STRIPED)
-    assert at_cut == [False], "cut before the plan was whole (else this tests nothing new)"
+        sync_unit(a, "v", ["v"], Cutting(b, after=2 * MiB), link=STRIPED)
     assert (intent / "meta.json").exists(), "the intent: resumable"
     j = Journal(PoolLayout(b), "v")
     assert j.load()
