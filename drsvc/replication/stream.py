@@ -163,13 +163,13 @@ def _send_records(session: Session, prepared: Prepared, stripes, skip: int, held
                   compress: str, progress_path, unit_id: str, feed, planned: int, opened):
     meta = prepared.meta
     fds = [os.open(prepared.member_file(m), os.O_RDONLY) for m in meta["members"]]
-    if opened is not None:
-        opened()
     prog = Progress(progress_path, planned=planned, generation=meta["generation"]) if progress_path else None
     writes = [session.send] + [s.send for s in stripes]
     if prog:
         writes = [prog.wrap(w) for w in writes]
     try:
+        if opened is not None:
+            opened()
         sent, chain = stream_records(prepared.dir / "plan.bin", fds, writes, skip=skip, held=held,
                                      indexed=indexed, stop=stop, compress=compress, entries=feed)
         for s in stripes:
