@@ -159,18 +159,18 @@ class Prepared:
     def settle(self) -> None:
         """Wait until the plan is written (``meta.json`` complete); raise what stopped it.
         A ``then`` that moved the directory returns its new path: ``dir`` follows it."""
-        if self.planning is not None:
-            planning, self.planning = self.planning, None
-            planning.join()
-            if isinstance(planning.result, Path):
-                self.dir = planning.result
+        self._end_planning(Planning.join)
 
     def stop(self) -> None:
-        """Stop a plan still being written (the generation is being dropped)."""
+        """Stop a plan still being written (the generation is being dropped). One that was
+        whole, and moved, before the stop is followed as by ``settle``."""
+        self._end_planning(Planning.stop)
+
+    def _end_planning(self, end: Callable[[Planning], None]) -> None:
         if self.planning is not None:
             planning, self.planning = self.planning, None
-            planning.stop()
-            if isinstance(planning.result, Path):      # it was whole, and moved, before the stop
+            end(planning)
+            if isinstance(planning.result, Path):
                 self.dir = planning.result
 
     def member_file(self, member: dict) -> Path:

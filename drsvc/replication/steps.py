@@ -165,7 +165,7 @@ class Ship(Step):
             if j.cut is not None and a.prepared is not None:
                 j.cut.fail(rid)      # the others need not wait for a vote that will not come
             raise
-        prepared = a.prepared        # snap/<G+1> (a plan written while streaming moved there at its end)
+        prepared = a.prepared        # snap/<G+1>: the intent's copy, or the same object moved there by its plan
         a.report.phases["prepare_s"] = round(meta.get("capture_s", 0) + meta.get("plan_s", 0), 4)
         if j.cut is not None:
             failpoint("sender.after_prepare")
