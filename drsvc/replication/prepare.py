@@ -25,8 +25,7 @@ from .blockmap import BlockMap, EmptyMap, copy_map
 from .capture import Captured, capture
 from .cut import Cut
 from .delta import PlanWriter, ScanStats, scan_member
-from .faults import failpoint
-from .generation import Planning, Prepared
+from .generation import Prepared
 from .layout import PoolLayout
 from .snapstore import base_meta
 from .state import UnitState
@@ -82,13 +81,10 @@ class Baseline:
 
 def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int, txid: str,
             target: int, base_generation: int, mode: str, peer_maps: dict | None = None,
-            cut: Cut | None = None, sources: dict | None = None, pipelined: bool = False) -> Prepared:
+            cut: Cut | None = None, sources: dict | None = None) -> Prepared:
     """Capture and plan one generation into a private directory. cut: the group spans
     storage nodes (``replication.cut``): the capture meets the other nodes frozen.
-    sources: capture these files instead of the live images (a CSI snapshot's).
-    pipelined: when a member's plan reads its whole image (``_reads_whole``), return once
-    the capture is done, the plan being written on a thread (``Prepared.planning``); its
-    entries can be sent as they come, and ``meta["estimate"]`` bounds the bytes it will plan."""
+    sources: capture these files instead of the live images (a CSI snapshot's)."""
     tmp = layout.snap_root(st.unit_id) / f"tmp-{txid}"
     t0 = time.monotonic()
     captured_at = time.time()          # the origin's capture instant (receive records, data age)
@@ -102,69 +98,31 @@ def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int,
         shutil.rmtree(tmp, ignore_errors=True)      # nothing half-captured stays (a cut not met, a lost image)
         raise
     t_capture = time.monotonic() - t0
-    heads = [_member_head(captured[vol], baseline) for vol in members]
+    stats = ScanStats()
+    pw = PlanWriter(tmp / "plan.bin")
+    try:
+        planned = [plan_member(idx, captured[vol], baseline, tmp, pw, stats) for idx, vol in enumerate(members)]
+    finally:
+        pw.close()
     meta = {"txid": txid, "generation": target, "base_generation": base_generation, "mode": mode,
-            "members": heads, "block_size": bs,
+            "members": [m for m, _ in planned], "records": pw.count, "block_size": bs,
+            "fiemap": any(f for _, f in planned),
+            "scanned": stats.scanned, "changed": stats.changed, "zeroed": stats.zeroed,
             "capture_s": t_capture, "freeze_s": timings.get("freeze_s", 0.0),
             "precopy_s": timings.get("precopy_s", 0.0),
             "round": timings.get("round"), "cut_wait_s": timings.get("cut_wait_s", 0.0),
             "ranges_cloned": sum(c.cloned for c in captured.values()),
-            "captured_at": timings.get("frozen_at", captured_at), "sources": bool(sources),
-            "estimate": sum(_estimate(captured[m["volume_id"]], m) for m in heads)}
-
-    def plan_all(feed=None) -> None:
-        t_plan = time.monotonic()
-        stats = ScanStats()
-        pw = PlanWriter(tmp / "plan.bin", feed)
-        try:
-            fiemapped = []
-            for idx, vol in enumerate(members):
-                if idx:
-                    failpoint("sender.mid_plan")     # the records of the members before may be out
-                fiemapped.append(plan_member(idx, captured[vol], baseline, tmp, pw, stats))
-        finally:
-            pw.close()
-        meta.update({"records": pw.count, "fiemap": any(fiemapped), "scanned": stats.scanned,
-                     "changed": stats.changed, "zeroed": stats.zeroed,
-                     "plan_s": time.monotonic() - t_plan, "created_at": time.time(), "complete": True})
-        store.write_doc(tmp / "meta.json", meta)
-
-    if pipelined and any(_reads_whole(captured[m["volume_id"]], m) for m in heads):
-        return Prepared(tmp, meta, Planning(plan_all, f"plan-{st.unit_id}"))
-    plan_all()
+            "plan_s": time.monotonic() - t0 - t_capture,
+            "created_at": time.time(), "captured_at": timings.get("frozen_at", captured_at), "complete": True,
+            "sources": bool(sources)}
+    store.write_doc(tmp / "meta.json", meta)
     return Prepared(tmp, meta)
 
 
-def _reads_whole(cap: Captured, head: dict) -> bool:
-    """The member's plan reads its whole image (a first copy, a new member, a pool without
-    reflinks), not only the ranges an overlay capture found changed. Only such plans are
-    pipelined: sending the scattered records of a delta while its cold reads go on measured
-    slower here (1% of 1 GiB: 0.75 s against 0.70 s on loopback, plan 0.21 -> 0.52 s), while
-    a whole image's went faster (1 GiB: 3.43 s against 3.74 s; 9.26 s against 9.83 s at
-    100 ms / 1 Gbit/s)."""
-    return not (cap.overlay and not head["fresh"])
-
-
-def _member_head(cap: Captured, baseline: Baseline) -> dict:
-    """A member's entry in meta.json, known once it is captured."""
-    base = baseline.member(cap.volume_id)
-    base.map.close()
-    return {"volume_id": cap.volume_id, "size": os.stat(cap.path).st_size, "base_size": base.size,
-            "fresh": base.fresh, "reflinked": cap.reflinked, "overlay": cap.overlay}
-
-
-def _estimate(cap: Captured, head: dict) -> int:
-    """At most the data bytes the plan of this member will name: the ranges an overlay
-    capture left to hash, else the image's allocated bytes."""
-    if cap.overlay and not head["fresh"] and cap.scan is not None:
-        return planner.total(cap.scan.scan)
-    return min(head["size"], os.stat(cap.path).st_blocks * 512)
-
-
 def plan_member(idx: int, cap: Captured, baseline: Baseline, tmp: Path, pw: PlanWriter,
-                stats: ScanStats) -> bool:
-    """Plan one captured member into *pw* and its new block map; True when its changes
-    were found from extent maps."""
+                stats: ScanStats) -> tuple[dict, bool]:
+    """Plan one captured member into *pw* and its new block map: (its meta entry, whether
+    its changes were found from extent maps)."""
     vol, bs = cap.volume_id, baseline.bs
     fd = os.open(cap.path, os.O_RDONLY)
     try:
@@ -185,7 +143,8 @@ def plan_member(idx: int, cap: Captured, baseline: Baseline, tmp: Path, pw: Plan
             base.map.close()
     finally:
         os.close(fd)
-    return fiemapped
+    return ({"volume_id": vol, "size": size, "base_size": base.size, "fresh": base.fresh,
+             "reflinked": cap.reflinked, "overlay": cap.overlay}, fiemapped)
 
 
 def _new_map(base: MemberBase, path: Path, bs: int, size: int) -> tuple[BlockMap, bool]:

@@ -43,24 +43,17 @@ def transaction(meta: dict, *, kind: str, epoch: int, demote: bool, origin: dict
 def stream(session: Session, prepared: Prepared, report: SyncReport, *, unit_id: str, epoch: int,
            demote: bool, kind: str, compress: str, origin: dict | None = None, progress_path=None,
            two_phase: bool = False, one_flight: bool = False, link: LinkHints | None = None,
-           bwlimit: float | None = None, opened=None, before_trailer=None) -> None:
+           bwlimit: float | None = None) -> None:
     """Send the prepared generation and its trailer. two_phase: the peer only prepares it
     (votes) and waits for the round's decision (``Session.decide``). one_flight (protocol 4,
     a fresh generation): no ``ready`` is waited for; a peer not as expected answers
     ``refused`` and :class:`Refused` carries its status to the driver. A large generation
-    over a long path is striped (``striping.stripe_count``).
-
-    A generation still planning (``prepared.planning``, one flight only) is sent as its
-    entries come; *opened* runs once the members' files are open (the plan may move them
-    then), *before_trailer* once every record is out and before the trailer lets the peer
-    commit (the caller waits for the plan there, and its intent)."""
+    over a long path is striped (``striping.stripe_count``)."""
     meta = prepared.meta
     t0 = time.monotonic()
     v4 = session.version >= 4
-    feed = prepared.planning.feed if prepared.planning is not None else None
     tx = transaction(meta, kind=kind, epoch=epoch, demote=demote, origin=origin, two_phase=two_phase)
-    planned = int(meta["changed"] if feed is None else meta["estimate"])
-    n = _stripe_count(session, planned, link or session.peer.link, bwlimit) if v4 else 1
+    n = _stripe_count(session, meta, link or session.peer.link, bwlimit) if v4 else 1
     token = handoff.new_token() if n > 1 else None
     if token:
         tx["stripes"] = {"token": token, "count": n - 1}
@@ -72,16 +65,13 @@ def stream(session: Session, prepared: Prepared, report: SyncReport, *, unit_id:
     came = session.watch() if v4 else None
     try:
         sent, chain = _send_or_say_why(session, stripes, came, lambda: _send_records(
-            session, prepared, stripes, skip, held, v4, came, compress, progress_path, unit_id, feed, planned,
-            opened))
+            session, prepared, stripes, skip, held, v4, came, compress, progress_path, unit_id))
         expect = "prepared" if two_phase else "committed"
         t_sent = time.monotonic()
         if came is not None and came.is_set():      # answered before the trailer: refused, or an error
             reply = session.answer(expect)
             session.abort()
         else:
-            if before_trailer is not None:
-                before_trailer()
             reply = session.commit(chain.count, chain.hexdigest(), expect=expect)
     except BaseException:
         for s in stripes:
@@ -93,13 +83,7 @@ def stream(session: Session, prepared: Prepared, report: SyncReport, *, unit_id:
         raise Refused(reply.get("status") or {}, reply.get("error"))
     if reply.get("txid") != meta["txid"] or reply.get("target" if two_phase else "generation") != meta["generation"]:
         raise ReplicationConflict(unit_id=unit_id, reason=f"peer committed {reply}, expected {meta['txid']}")
-    _report_times(report, reply, t0, t_sent, time.monotonic())
-    report.stripes, report.pipelined = n, feed is not None
-    _report_generation(report, meta, sent, two_phase)
-    report.bytes_on_wire = session.bytes_sent   # the whole conversation, control included
-
-
-def _report_times(report: SyncReport, reply: dict, t0: float, t_sent: float, t_end: float) -> None:
+    t_end = time.monotonic()
     report.phases["stream_s"] = round(t_end - t0, 4)
     # of which: the records out (the last one handed to the channels), and the wait for the answer
     report.phases["send_s"], report.phases["answer_s"] = round(t_sent - t0, 4), round(t_end - t_sent, 4)
@@ -112,6 +96,9 @@ def _report_times(report: SyncReport, reply: dict, t0: float, t_sent: float, t_e
         report.phases["peer_maps_s"] = reply["maps_s"]
     # the answer's wait less the peer's commit: the trip back and the data still in flight
     report.phases["answer_wire_s"] = round(max(0.0, t_end - t_sent - peer_s), 4)
+    report.stripes = n
+    _report_generation(report, meta, sent, two_phase)
+    report.bytes_on_wire = session.bytes_sent   # the whole conversation, control included
 
 
 def _send_or_say_why(session: Session, stripes, came, send):
@@ -128,7 +115,8 @@ def _send_or_say_why(session: Session, stripes, came, send):
         raise
 
 
-def _stripe_count(session: Session, planned: int, link: LinkHints, bwlimit: float | None) -> int:
+def _stripe_count(session: Session, meta: dict, link: LinkHints, bwlimit: float | None) -> int:
+    planned = int(meta["changed"])
     if not link.stripes and planned <= link.window:
         return 1        # never waits for an RTT measurement when one channel will do
     return stripe_count(planned, rtt=session.peer.rtt(wait=RTT_WAIT), link=link, bwlimit=bwlimit)
@@ -160,18 +148,16 @@ def _begin(session: Session, tx: dict, prepared: Prepared, unit_id: str, one_fli
 
 
 def _send_records(session: Session, prepared: Prepared, stripes, skip: int, held: set, indexed: bool, stop,
-                  compress: str, progress_path, unit_id: str, feed, planned: int, opened):
+                  compress: str, progress_path, unit_id: str):
     meta = prepared.meta
     fds = [os.open(prepared.member_file(m), os.O_RDONLY) for m in meta["members"]]
-    prog = Progress(progress_path, planned=planned, generation=meta["generation"]) if progress_path else None
+    prog = Progress(progress_path, planned=meta["changed"], generation=meta["generation"]) if progress_path else None
     writes = [session.send] + [s.send for s in stripes]
     if prog:
         writes = [prog.wrap(w) for w in writes]
     try:
-        if opened is not None:
-            opened()
         sent, chain = stream_records(prepared.dir / "plan.bin", fds, writes, skip=skip, held=held,
-                                     indexed=indexed, stop=stop, compress=compress, entries=feed)
+                                     indexed=indexed, stop=stop, compress=compress)
         for s in stripes:
             s.end()
         return sent, chain

@@ -52,10 +52,8 @@ class SyncPlanner:
         return st, pending
 
     def ahead(self, a: Attempt) -> None:
-        """Capture the next generation and start its plan; a one flight sends its records
-        as the plan finds them (``Ship``), any other step waits for the plan first."""
         if a.pending is None and a.job.mode == "delta":
-            a.early = prepare_delta(a, pipelined=a.job.cut is None)
+            a.early = prepare_delta(a)
 
     def plan(self, a: Attempt) -> list[Step]:
         job = a.job

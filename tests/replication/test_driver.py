@@ -15,8 +15,7 @@ from drsvc.errors import PeerUnreachable, ReplicationConflict
 from drsvc.replication import peer_status, sync_unit
 from drsvc.replication import plan as planner
 from drsvc.replication.driver import Attempt, Job, Refused, drive
-from drsvc.replication import steps as steps_mod
-from drsvc.replication.generation import Planning, Prepared
+from drsvc.replication.generation import Prepared
 from drsvc.replication.layout import PoolLayout
 from drsvc.replication.report import SyncReport
 from drsvc.replication.state import UnitState
@@ -312,49 +311,6 @@ def test_driver_works_ahead_while_the_session_opens_and_drops_what_was_not_shipp
     drive(_job(tmp_path), planner_, opener, SyncReport(unit_id="u"), attempts=2)
     assert len(early_dirs) == 2 and not any(d.exists() for d in early_dirs)
     assert all(s.closed for s in opener.sessions)
-
-
-def _planning_attempt(tmp_path, release: threading.Event):
-    """An attempt holding a generation whose plan waits for *release*, then gives one entry
-    (which a cancelled plan cannot) and writes its meta.json, as ``prepare`` does."""
-    layout = PoolLayout(tmp_path)
-    layout.snap_root("u").mkdir(parents=True)
-    d = layout.snap_root("u") / "tmp-t1"
-    d.mkdir()
-    meta = {"txid": "t1", "generation": 1, "base_generation": 0, "mode": "delta", "members": []}
-
-    def run(feed):
-        assert release.wait(10)
-        feed.put((0, False, 0, 4096, 0))
-        meta["complete"] = True
-        (d / "meta.json").write_text("{}")
-    a = Attempt(Job(layout, "u", ["u"], FakePeer()), UnitState(unit_id="u"), SyncReport(unit_id="u"),
-                session=FakeSession(version=4), one_flight=True)
-    a.prepared = Prepared(d, meta, Planning(run, "plan-test"))
-    return a, layout
-
-
-@pytest.mark.fast
-@pytest.mark.parametrize("error, resumable", [(PeerUnreachable(peer="fake", reason="cut"), True),
-                                              (ReplicationConflict(unit_id="u", reason="bad"), False)])
-def test_a_stream_cut_while_its_plan_reads_leaves_the_generation_resumable(tmp_path, monkeypatch, error,
-                                                                           resumable):
-    """A one flight sends records while its plan is still written (a first copy). When the
-    connection is lost mid-plan, what landed at the peer is journaled for this txid: Ship lets
-    the plan finish and records the intent (snap/1), so the next attempt resumes instead of
-    sending it all again. Any other error stops the plan; nothing is left pending."""
-    release = threading.Event()
-    a, layout = _planning_attempt(tmp_path, release)
-
-    def stream(session, prepared, report, *, opened=None, **kw):
-        opened()                               # the members' files are open: the intent may follow
-        threading.Timer(0.1, release.set).start()
-        raise error
-    monkeypatch.setattr(steps_mod, "stream", stream)
-    with pytest.raises(type(error)):
-        Ship().run(a)
-    assert (layout.snap_dir("u", 1) / "meta.json").exists() is resumable
-    assert not (layout.snap_root("u") / "tmp-t1").exists() or not resumable
 
 
 @pytest.mark.fast
