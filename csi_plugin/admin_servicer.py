@@ -19,7 +19,9 @@ def status_message(info, unit_id: str, kind: str, members, pool=None) -> admin_p
         last_sync_time=info.last_sync_time, last_sync_duration=info.last_sync_duration,
         last_sync_bytes=info.last_sync_bytes, status=info.status, status_message=info.status_message,
         lag_seconds=info.lag_seconds, missed_intervals=info.missed_intervals,
-        consecutive_failures=info.consecutive_failures, failures_total=info.failures_total)
+        consecutive_failures=info.consecutive_failures, failures_total=info.failures_total,
+        syncs_total=info.syncs_total, sent_bytes_total=info.sent_bytes_total,
+        changed_bytes_total=info.changed_bytes_total)
 
 
 def live_status(pool, unit_id: str, info=None) -> dict:

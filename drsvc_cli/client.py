@@ -37,6 +37,8 @@ def _status(s) -> dict:
             "lag_seconds": round(s.lag_seconds, 3), "missed_intervals": s.missed_intervals,
             "consecutive_failures": s.consecutive_failures, "failures_total": s.failures_total,
             "next_sync_time": s.next_sync_time or None,
+            "syncs_total": s.syncs_total, "sent_bytes_total": s.sent_bytes_total,
+            "changed_bytes_total": s.changed_bytes_total,
             "progress": ({"bytes_sent": s.progress_bytes_sent, "bytes_planned": s.progress_bytes_planned,
                           "rate_bps": round(s.progress_rate, 1)} if s.progress_bytes_planned or
                          s.progress_bytes_sent else None)}

@@ -144,21 +144,30 @@ def _wait(what: str, fn, timeout: float):
 
 def _database_syncs(a: DrClient, volume_id: str, db: DbFiles, mirror: RsyncMirror | None) -> list[dict]:
     """Load the database, then a few bursts of writes; after each, one sync (sync-now --wait),
-    and rsync's cost for the same change of the image."""
+    and rsync's cost for the same change of the image.
+
+    The volume keeps its schedule, so a scheduled sync may land during a burst and carry part
+    of it (sync-now then waits for it, and runs its own). Each row is therefore read from the
+    unit's counters around the burst: it covers every sync since the row before."""
     out = []
     bursts = [(f"load: {H.size(DB_PAGES)} of pages", db.create)] + [
         (f"{label}: +{H.size(log)} log, {pages} pages", lambda log=log, pages=pages: db.round(log_bytes=log,
                                                                                                 pages=pages))
         for label, log, pages in ROUNDS]
+    before = a.status(volume_id=volume_id)
     for label, write in bursts:
         wrote = write()
         r = a.until_done(lambda: a.sync_now(volume_id=volume_id, wait=240), wait=120)
         if r["skipped"]:
             raise RuntimeError(f"sync skipped: {r['skipped']}")
+        after = a.status(volume_id=volume_id)
         out.append({"label": label, "app_bytes": wrote, "generation": r["target_generation"],
-                    "bytes_changed": r["bytes_changed"], "bytes_on_wire": r["bytes_on_wire"],
+                    "syncs": after["syncs_total"] - before["syncs_total"],
+                    "bytes_changed": after["changed_bytes_total"] - before["changed_bytes_total"],
+                    "bytes_on_wire": after["sent_bytes_total"] - before["sent_bytes_total"],
                     "seconds": round(r["duration_seconds"], 3),
                     "rsync": mirror.measure() if mirror else None})
+        before = after
     return out
 
 

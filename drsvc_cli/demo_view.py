@@ -78,7 +78,8 @@ def sync_table(rounds: list[dict], *, rsync: bool):
     for c in cols:
         t.add_column(c, justify="right", no_wrap=True, min_width=len(c))
     for r in rounds:
-        row = [r["label"], H.size(r["app_bytes"]) if r.get("app_bytes") is not None else "-",
+        label = r["label"] if r.get("syncs", 1) <= 1 else f"{r['label']} ({r['syncs']} syncs)"
+        row = [label, H.size(r["app_bytes"]) if r.get("app_bytes") is not None else "-",
                H.size(r["bytes_changed"]), H.size(r["bytes_on_wire"]), H.duration(r["seconds"])]
         if rsync:
             rs = r.get("rsync")
@@ -101,7 +102,8 @@ def summary_title(summary: dict) -> str:
 SYNC_NOTE = """\
     changed: the 4 KiB blocks that differ, found from the extent map of drsvc's reflink capture.
     rsync: --no-whole-file --inplace between reflink copies of the image before and after the writes; it reads
-    both whole images and sends its own (larger) blocks around each change. It runs locally, with no ssh."""
+    both whole images and sends its own (larger) blocks around each change. It runs locally, with no ssh.
+    A row that counts 2 syncs took in a scheduled sync that ran during its writes; "took" is the last one's."""
 
 
 def next_steps(commands: dict):

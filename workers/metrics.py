@@ -68,6 +68,8 @@ class ReplicationCollector:
                                     labels=LABELS + ["result"])
         sent = CounterMetricFamily(f"{PREFIX}_sent_bytes", "Bytes on the wire of this site's successful syncs",
                                    labels=LABELS)
+        changed = CounterMetricFamily(f"{PREFIX}_changed_bytes",
+                                      "Data bytes this site's successful syncs changed at the peer", labels=LABELS)
         points = _points_families(LABELS)
         for lv, info in self._units():
             for name, (_, value) in GAUGES.items():
@@ -81,9 +83,10 @@ class ReplicationCollector:
             syncs.add_metric(lv + ["success"], info.syncs_total)
             syncs.add_metric(lv + ["failure"], info.failures_total)
             sent.add_metric(lv, info.sent_bytes_total)
+            changed.add_metric(lv, info.changed_bytes_total)
             _add_points(points, self.service, lv)
         yield from g.values()
-        yield from (role, health, failures, syncs, sent)
+        yield from (role, health, failures, syncs, sent, changed)
         yield from points.values()
 
 

@@ -36,6 +36,7 @@ class Control:
     syncs_total: int = 0                 # counters: only ever incremented, under the control lock,
     failures_total: int = 0              # in the same atomic write as the outcome they count
     sent_bytes_total: int = 0            # (/metrics reads them: they survive its restarts)
+    changed_bytes_total: int = 0         # the data bytes those syncs changed at the peer
     conflict: str = ""                   # split brain or fencing, named for the operator
     last_sync_delay: float = 0.0         # a scheduled sync: its start minus the slot it was due at
     retention: str = ""                  # the unit's recovery point grid (drsvc.io/retention; "": the site's)

@@ -171,6 +171,7 @@ class ReplicationJobs:
             ctl.consecutive_failures, ctl.last_error, ctl.conflict = 0, "", ""
             ctl.syncs_total += 1
             ctl.sent_bytes_total += int(r["bytes_on_wire"])
+            ctl.changed_bytes_total += int(r["bytes_changed"])
             if delay is not None:
                 ctl.last_sync_delay = round(delay, 3)
         update_control(self.pool, c.unit_id, ok)

@@ -46,6 +46,7 @@ class Info:
     schedule_delay: float = 0.0        # primary: the last scheduled sync's start minus its slot
     syncs_total: int = 0               # this site's successful syncs as the sender (counter)
     sent_bytes_total: int = 0          # their bytes on the wire (counter)
+    changed_bytes_total: int = 0       # the data bytes they changed at the peer (counter)
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,8 @@ class ReplicationStatus:
                     status=status, status_message=message, lag_seconds=lag, missed_intervals=missed,
                     consecutive_failures=c.consecutive_failures, failures_total=c.failures_total,
                     schedule_delay=c.last_sync_delay if role == "primary" else 0.0,
-                    syncs_total=c.syncs_total, sent_bytes_total=c.sent_bytes_total)
+                    syncs_total=c.syncs_total, sent_bytes_total=c.sent_bytes_total,
+                    changed_bytes_total=c.changed_bytes_total)
 
     def units(self) -> list[str]:
         root = PoolLayout(self.pool).replication
