@@ -36,13 +36,19 @@ class ScanStats:
 
 
 class PlanWriter:
-    def __init__(self, path):
+    """Writes the plan file; with a *feed* (``generation.PlanFeed``) each entry also goes to
+    the stream that sends it while the plan is still being written."""
+
+    def __init__(self, path, feed=None):
         self.f = open(path, "wb", buffering=1 << 20)  # noqa: SIM115 - the writer owns it; close() closes it
         self.count = 0
+        self.feed = feed
 
     def add(self, member: int, is_zero: bool, offset: int, length: int, checksum: int) -> None:
         self.f.write(MANIFEST_ENTRY.pack(member, 1 if is_zero else 0, offset, length, checksum))
         self.count += 1
+        if self.feed is not None:
+            self.feed.put((member, is_zero, offset, length, checksum))
 
     def close(self) -> None:
         self.f.flush()
@@ -240,9 +246,10 @@ PIPELINE_DEPTH = 8        # frames read ahead of the channels (each <= CHUNK): b
 
 def stream_records(plan_path, fds: list[int], writes, *, compress: str = "auto", skip=0, held=frozenset(),
                    indexed: bool = False, stop: threading.Event | None = None,
-                   flush_at: int = 256 << 10) -> tuple[int, ManifestChain]:
+                   flush_at: int = 256 << 10, entries=None) -> tuple[int, ManifestChain]:
     """Send the plan's records, but the first *skip* and those in *held*, through the
     channels' ``write(bytes)`` callables (*writes*: one, or a list, one per stripe).
+    *entries*: the plan's entries as they are planned (a ``PlanFeed``) instead of its file.
 
     Returns (records sent, manifest chain over all records). A reader thread reads
     the records in plan (offset) order, checks each against the plan's checksum (a
@@ -265,7 +272,8 @@ def stream_records(plan_path, fds: list[int], writes, *, compress: str = "auto",
 
     def produce():
         try:
-            _read_records(plan_path, fds, skipping, flush_at, frames, free, halt, result)
+            _read_records(read_plan(plan_path) if entries is None else entries, fds, skipping, flush_at,
+                          frames, free, halt, result)
         except BaseException as e:   # re-raised by the writer
             frames.put(("error", e))
 
@@ -279,6 +287,8 @@ def stream_records(plan_path, fds: list[int], writes, *, compress: str = "auto",
             _write_striped(frames, free, writes, halt, enc)
     finally:
         halt.set()
+        if reader.is_alive() and entries is not None:
+            entries.detach()          # a reader waiting for the plan's next entry: nothing more is sent
         while reader.is_alive():      # unblock a reader waiting on a full queue or for a buffer
             try:
                 while True:
@@ -387,15 +397,41 @@ def _write_striped(frames: queue.Queue, free: queue.Queue, writes, stop: _Halt, 
         raise errors[0]
 
 
-def _read_records(plan_path, fds, skipping, flush_at, frames, free, stop, result) -> None:
+class _Batches:
+    """Whole records gathered into batches for the channels' writers."""
+
+    def __init__(self, frames: queue.Queue, flush_at: int):
+        self.frames, self.flush_at = frames, flush_at
+        self.batch: list = []
+        self.size = 0
+
+    def add(self, record: tuple, length: int) -> None:
+        self.batch.append(record)
+        self.size += length
+        if self.size >= self.flush_at or len(self.batch) >= 4096:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.batch:
+            self.frames.put(("batch", self.batch, None))
+            self.batch, self.size = [], 0
+
+
+def _read_records(entries, fds, skipping, flush_at, frames, free, stop, result) -> None:
     """The reader: every record not skipped, read and checked, into batches of whole records
     (member, is_zero, offset, length, checksum, index, data): small ones copied together up to
-    *flush_at* bytes, a big one alone in a buffer of its own (back to *free* once sent)."""
+    *flush_at* bytes, a big one alone in a buffer of its own (back to *free* once sent).
+    *entries* may pause (``None``: a plan still being written): what is batched goes then."""
     chain = result["chain"]
-    batch: list = []
-    size = 0
+    batches = _Batches(frames, flush_at)
     h64 = xxhash.xxh3_64_intdigest
-    for i, (member, z, off, length, ck) in enumerate(read_plan(plan_path)):
+    i = -1
+    for entry in entries:
+        if entry is None:
+            batches.flush()
+            continue
+        i += 1
+        member, z, off, length, ck = entry
         chain.update(member, z, off, length, ck)
         if i in skipping:
             continue
@@ -403,10 +439,7 @@ def _read_records(plan_path, fds, skipping, flush_at, frames, free, stop, result
             return
         result["sent"] += 1
         if z:
-            batch.append((member, True, off, length, 0, i, None))
-            if len(batch) >= 4096:
-                frames.put(("batch", batch, None))
-                batch, size = [], 0
+            batches.add((member, True, off, length, 0, i, None), 0)
             continue
         big = length >= flush_at
         buf = free.get() if big else bytearray(length)
@@ -421,13 +454,8 @@ def _read_records(plan_path, fds, skipping, flush_at, frames, free, stop, result
         if big:
             frames.put(("batch", [(member, False, off, length, ck, i, data)], buf))
             continue
-        batch.append((member, False, off, length, ck, i, data))
-        size += length
-        if size >= flush_at or len(batch) >= 4096:
-            frames.put(("batch", batch, None))
-            batch, size = [], 0
-    if batch:
-        frames.put(("batch", batch, None))
+        batches.add((member, False, off, length, ck, i, data), length)
+    batches.flush()
     frames.put(("end",))
 
 

@@ -140,6 +140,7 @@ class Attempt:
 
     def drop_early(self) -> None:
         if self.early is not None:
+            self.early.stop()        # a plan still being written stops first
             shutil.rmtree(self.early.dir, ignore_errors=True)
             self.early = None
 
@@ -157,8 +158,8 @@ class Planner(Protocol):
         left pending, if any; anything else it left is swept."""
 
     def ahead(self, a: Attempt) -> None:
-        """Work worth doing while the session opens (capture and plan the next
-        generation into ``a.early`` when nothing is pending: most syncs need it)."""
+        """Work worth doing while the session opens (capture the next generation into
+        ``a.early`` when nothing is pending, and start its plan: most syncs need it)."""
 
     def plan(self, a: Attempt) -> list[Step]:
         """The steps, from the state at both ends (``a.st``, ``a.pending``, ``a.peer_st``),

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import store
+from ..errors import CorruptMetadata
 from ..host.fiemap import fiemap_array
 from ..host.reflink import data_ranges
 from . import extentplan  # noqa: F401 - numpy loads with the sender, not inside a worker's first sync
@@ -25,9 +26,10 @@ from .blockmap import BlockMap, EmptyMap, copy_map
 from .capture import Captured, capture
 from .cut import Cut
 from .delta import PlanWriter, ScanStats, scan_member
-from .generation import Prepared
+from .faults import failpoint
+from .generation import Planning, Prepared
 from .layout import PoolLayout
-from .snapstore import base_meta
+from .snapstore import base_meta, mark_intent
 from .state import UnitState
 
 log = logging.getLogger(__name__)
@@ -81,10 +83,14 @@ class Baseline:
 
 def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int, txid: str,
             target: int, base_generation: int, mode: str, peer_maps: dict | None = None,
-            cut: Cut | None = None, sources: dict | None = None) -> Prepared:
+            cut: Cut | None = None, sources: dict | None = None, pipelined: bool = False) -> Prepared:
     """Capture and plan one generation into a private directory. cut: the group spans
     storage nodes (``replication.cut``): the capture meets the other nodes frozen.
-    sources: capture these files instead of the live images (a CSI snapshot's)."""
+    sources: capture these files instead of the live images (a CSI snapshot's).
+    pipelined: when every member's plan reads its whole image against nothing
+    (``_replannable``), record the intent and return once the capture is done, the plan being
+    written on a thread (``Prepared.planning``); its entries can be sent as they come, and
+    ``meta["estimate"]`` bounds the bytes it will plan."""
     tmp = layout.snap_root(st.unit_id) / f"tmp-{txid}"
     t0 = time.monotonic()
     captured_at = time.time()          # the origin's capture instant (receive records, data age)
@@ -98,31 +104,120 @@ def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int,
         shutil.rmtree(tmp, ignore_errors=True)      # nothing half-captured stays (a cut not met, a lost image)
         raise
     t_capture = time.monotonic() - t0
-    stats = ScanStats()
-    pw = PlanWriter(tmp / "plan.bin")
-    try:
-        planned = [plan_member(idx, captured[vol], baseline, tmp, pw, stats) for idx, vol in enumerate(members)]
-    finally:
-        pw.close()
+    heads = [_member_head(captured[vol], baseline) for vol in members]
     meta = {"txid": txid, "generation": target, "base_generation": base_generation, "mode": mode,
-            "members": [m for m, _ in planned], "records": pw.count, "block_size": bs,
-            "fiemap": any(f for _, f in planned),
-            "scanned": stats.scanned, "changed": stats.changed, "zeroed": stats.zeroed,
+            "members": heads, "block_size": bs,
             "capture_s": t_capture, "freeze_s": timings.get("freeze_s", 0.0),
             "precopy_s": timings.get("precopy_s", 0.0),
             "round": timings.get("round"), "cut_wait_s": timings.get("cut_wait_s", 0.0),
             "ranges_cloned": sum(c.cloned for c in captured.values()),
-            "plan_s": time.monotonic() - t0 - t_capture,
-            "created_at": time.time(), "captured_at": timings.get("frozen_at", captured_at), "complete": True,
-            "sources": bool(sources)}
-    store.write_doc(tmp / "meta.json", meta)
+            "captured_at": timings.get("frozen_at", captured_at), "sources": bool(sources),
+            "estimate": sum(_estimate(captured[m["volume_id"]], m) for m in heads)}
+    if pipelined and _replannable(tmp, captured, heads, mode):
+        # The intent first (snap/<G+1>, its plan not yet whole): records may leave before the
+        # plan is, and a sender that dies meanwhile re-plans this generation from its captured
+        # images at the next sync (``replan``) and resumes it, with what landed kept.
+        meta["replan"] = True
+        store.write_doc(tmp / "meta.json", meta)
+        prepared = mark_intent(layout, st.unit_id, Prepared(tmp, meta))
+        whole = _whole_captures(prepared.dir, heads)
+        prepared.planning = Planning(lambda feed: _plan_all(prepared.dir, meta, whole, baseline, feed),
+                                     f"plan-{st.unit_id}")
+        return prepared
+    _plan_all(tmp, meta, [captured[vol] for vol in members], baseline)
     return Prepared(tmp, meta)
 
 
+def _plan_all(d: Path, meta: dict, caps: list[Captured], baseline: Baseline, feed=None) -> None:
+    """Plan every member into *d* (``plan.bin``, the new maps), then write ``meta.json``
+    complete; with a *feed*, each entry also goes to the stream as it is planned."""
+    t_plan = time.monotonic()
+    stats = ScanStats()
+    pw = PlanWriter(d / "plan.bin", feed)
+    try:
+        fiemapped = []
+        for idx, cap in enumerate(caps):
+            if idx:
+                failpoint("sender.mid_plan")     # the records of the members before may be out
+            fiemapped.append(plan_member(idx, cap, baseline, d, pw, stats))
+    finally:
+        pw.close()
+    meta.update({"records": pw.count, "fiemap": any(fiemapped), "scanned": stats.scanned,
+                 "changed": stats.changed, "zeroed": stats.zeroed,
+                 "plan_s": time.monotonic() - t_plan, "created_at": time.time(), "complete": True})
+    store.write_doc(d / "meta.json", meta)
+
+
+def _replannable(tmp: Path, captured: dict[str, Captured], heads: list[dict], mode: str) -> bool:
+    """Every member is a whole image captured into the generation's directory and planned
+    against nothing (a first copy, or a group whose members are all new): its plan depends
+    on those immutable images alone, so planning it again gives the same records. Only such
+    plans are pipelined: sending a delta's scattered records while its cold reads go on
+    measured slower here (1% of 1 GiB: 0.75 s against 0.70 s on loopback), while a whole
+    image's went faster (1 GiB: 3.43 s against 3.74 s; 9.26 s against 9.83 s at 100 ms /
+    1 Gbit/s)."""
+    return mode == "delta" and all(
+        h["fresh"] and not h["overlay"] and captured[h["volume_id"]].path == tmp / f"{h['volume_id']}.img"
+        for h in heads)
+
+
+def _whole_captures(d: Path, heads: list[dict]) -> list[Captured]:
+    return [Captured(h["volume_id"], d / f"{h['volume_id']}.img", h["reflinked"]) for h in heads]
+
+
+def replan(layout: PoolLayout, st: UnitState) -> Prepared | None:
+    """A pending generation whose sender died before its plan was whole (``snap/<G+1>``,
+    ``meta.json`` not complete, ``replan``): plan it again from its captured images, so the
+    sync resumes it (the same txid, what the peer journaled kept) instead of sending it all
+    again. None when there is none, or when it cannot be planned again (then it is dropped:
+    its plan was never whole, so the peer cannot have committed it)."""
+    d = layout.snap_dir(st.unit_id, st.generation + 1)
+    meta = store.read_doc(d / "meta.json")
+    if not meta or meta.get("complete") or not meta.get("replan"):
+        return None
+    baseline = Baseline(layout, st, meta["mode"], meta["block_size"], None)
+    heads = meta["members"]
+    try:
+        if meta.get("base_generation") != st.generation or any(
+                not _fresh(baseline, h["volume_id"]) or not (d / f"{h['volume_id']}.img").exists()
+                for h in heads):
+            raise CorruptMetadata(path=str(d), reason="its base or its captured images changed")
+        _plan_all(d, meta, _whole_captures(d, heads), baseline)
+    except (OSError, CorruptMetadata) as e:
+        log.warning("%s: generation %s cannot be planned again (%s); dropped", st.unit_id,
+                    meta.get("generation"), e)
+        shutil.rmtree(d, ignore_errors=True)
+        return None
+    log.info("%s: generation %s planned again after its sender stopped mid-plan", st.unit_id, meta["generation"])
+    return Prepared(d, meta)
+
+
+def _fresh(baseline: Baseline, vol: str) -> bool:
+    base = baseline.member(vol)
+    base.map.close()
+    return base.fresh
+
+
+def _member_head(cap: Captured, baseline: Baseline) -> dict:
+    """A member's entry in meta.json, known once it is captured."""
+    base = baseline.member(cap.volume_id)
+    base.map.close()
+    return {"volume_id": cap.volume_id, "size": os.stat(cap.path).st_size, "base_size": base.size,
+            "fresh": base.fresh, "reflinked": cap.reflinked, "overlay": cap.overlay}
+
+
+def _estimate(cap: Captured, head: dict) -> int:
+    """At most the data bytes the plan of this member will name: the ranges an overlay
+    capture left to hash, else the image's allocated bytes."""
+    if cap.overlay and not head["fresh"] and cap.scan is not None:
+        return planner.total(cap.scan.scan)
+    return min(head["size"], os.stat(cap.path).st_blocks * 512)
+
+
 def plan_member(idx: int, cap: Captured, baseline: Baseline, tmp: Path, pw: PlanWriter,
-                stats: ScanStats) -> tuple[dict, bool]:
-    """Plan one captured member into *pw* and its new block map: (its meta entry, whether
-    its changes were found from extent maps)."""
+                stats: ScanStats) -> bool:
+    """Plan one captured member into *pw* and its new block map; True when its changes
+    were found from extent maps."""
     vol, bs = cap.volume_id, baseline.bs
     fd = os.open(cap.path, os.O_RDONLY)
     try:
@@ -143,8 +238,7 @@ def plan_member(idx: int, cap: Captured, baseline: Baseline, tmp: Path, pw: Plan
             base.map.close()
     finally:
         os.close(fd)
-    return ({"volume_id": vol, "size": size, "base_size": base.size, "fresh": base.fresh,
-             "reflinked": cap.reflinked, "overlay": cap.overlay}, fiemapped)
+    return fiemapped
 
 
 def _new_map(base: MemberBase, path: Path, bs: int, size: int) -> tuple[BlockMap, bool]:

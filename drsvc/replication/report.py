@@ -29,6 +29,7 @@ class SyncReport:
     attempts: list = field(default_factory=list)  # [{"steps": [...], "error": str | None}] per plan
     txid: str | None = None
     stripes: int = 1                 # channels the generation's records went over
+    pipelined: bool = False          # records left while the plan still read the images
     round_trips: int = 0             # replies waited for (each a round trip), every attempt
     channels_opened: int = 0         # fresh receivers started (a few round trips each over SSH)
 

@@ -12,12 +12,13 @@ Steps work through the rooms below them: ``prepare`` (capture + plan),
 """
 from __future__ import annotations
 
+import logging
 import shutil
 import time
 import uuid
 
 from .. import store
-from ..errors import RoundAborted
+from ..errors import PeerUnreachable, RoundAborted
 from ..transport.bandwidth import rate_of
 from . import health
 from .driver import Attempt, Refused
@@ -27,6 +28,8 @@ from .prepare import prepare
 from .snapstore import adopt, mark_intent
 from .stream import stream
 
+log = logging.getLogger(__name__)
+
 
 def prepare_for(a: Attempt, **kw) -> Prepared:
     """Capture and plan a generation of the attempt's unit (``prepare.prepare``)."""
@@ -35,10 +38,11 @@ def prepare_for(a: Attempt, **kw) -> Prepared:
                    sources=j.sources, **kw)
 
 
-def prepare_delta(a: Attempt) -> Prepared:
-    """The next generation, planned against the acked base."""
+def prepare_delta(a: Attempt, *, pipelined: bool = False) -> Prepared:
+    """The next generation, planned against the acked base (pipelined: still planning when
+    returned, ``prepare.prepare``)."""
     return prepare_for(a, txid=uuid.uuid4().hex, target=a.st.generation + 1,
-                       base_generation=a.st.generation, mode="delta")
+                       base_generation=a.st.generation, mode="delta", pipelined=pipelined)
 
 
 class Step:
@@ -151,22 +155,18 @@ class Ship(Step):
             # a round whose stream broke was aborted (fail() below, or the others' vote timed out)
             self._drop(a, prepared, "cut this generation with it" if not rid else "finished its last round")
         a.report.mode = meta["mode"]           # the planner may have switched to compare
-        a.report.phases["prepare_s"] = round(meta.get("capture_s", 0) + meta.get("plan_s", 0), 4)
-        a.prepared = prepared = mark_intent(j.layout, j.unit_id, prepared)   # it may now exist at the peer
+        if prepared.planning is not None and not a.one_flight:
+            prepared.settle()        # only a one flight sends records while the plan still reads
+        # it may now exist at the peer (a generation still planning holds its intent already)
+        a.prepared = mark_intent(j.layout, j.unit_id, prepared)
         try:
-            stream(a.session, prepared, a.report, unit_id=j.unit_id, epoch=j.epoch, demote=j.demote,
-                   kind=a.st.kind, compress=j.compress, origin=j.origin,
-                   progress_path=health.progress_path(j.layout.root, j.unit_id), two_phase=j.cut is not None,
-                   one_flight=a.one_flight, link=j.link, bwlimit=rate_of(j.bandwidth))
-        except Refused:
-            # refused before the peer journaled anything: the generation is not there. It is as
-            # fresh as an early capture, and planned for as one (dropped unless a step takes it)
-            a.early, a.prepared = prepared, None
-            raise
+            self._send(a)
         except BaseException:
-            if j.cut is not None:
+            if j.cut is not None and a.prepared is not None:
                 j.cut.fail(rid)      # the others need not wait for a vote that will not come
             raise
+        prepared = a.prepared
+        a.report.phases["prepare_s"] = round(meta.get("capture_s", 0) + meta.get("plan_s", 0), 4)
         if j.cut is not None:
             failpoint("sender.after_prepare")
             t = time.monotonic()
@@ -183,6 +183,44 @@ class Ship(Step):
               report=a.report_so_far())
         a.report.phases["adopt_s"] = round(time.monotonic() - t, 4)
         a.prepared = None
+
+    def _send(self, a: Attempt) -> None:
+        """Stream ``a.prepared``; on a failure, leave it as the next attempt needs it."""
+        j = a.job
+        try:
+            stream(a.session, a.prepared, a.report, unit_id=j.unit_id, epoch=j.epoch, demote=j.demote,
+                   kind=a.st.kind, compress=j.compress, origin=j.origin,
+                   progress_path=health.progress_path(j.layout.root, j.unit_id), two_phase=j.cut is not None,
+                   one_flight=a.one_flight, link=j.link, bwlimit=rate_of(j.bandwidth),
+                   before_trailer=a.prepared.settle)
+        except Refused:
+            # refused before the peer journaled anything: the generation is not there. It is as
+            # fresh as an early capture, and planned for as one (dropped unless a step takes it)
+            refused, a.prepared = a.prepared, None
+            if self._finish_plan(a, refused):
+                a.early = refused
+            raise
+        except PeerUnreachable:
+            # what landed at the peer is journaled for this txid: let the plan finish, so the
+            # next attempt resumes it at once (a plan stopped is written again there first)
+            self._finish_plan(a, a.prepared)
+            raise
+        except BaseException:
+            a.prepared.stop()        # nothing will send the rest of it now (the next sync plans it again)
+            raise
+
+    @staticmethod
+    def _finish_plan(a: Attempt, prepared: Prepared) -> bool:
+        """Wait for a plan the stream stopped reading; False (and the generation dropped)
+        when it failed."""
+        try:
+            prepared.settle()
+            return True
+        except Exception as e:   # noqa: BLE001 - the stream's error is the one raised
+            log.warning("sync of %s: the plan of the generation being sent failed (%s); dropped",
+                        a.job.unit_id, e)
+            shutil.rmtree(prepared.dir, ignore_errors=True)
+            return False
 
     @staticmethod
     def _drop(a: Attempt, prepared: Prepared, why: str) -> None:

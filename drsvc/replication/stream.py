@@ -43,17 +43,23 @@ def transaction(meta: dict, *, kind: str, epoch: int, demote: bool, origin: dict
 def stream(session: Session, prepared: Prepared, report: SyncReport, *, unit_id: str, epoch: int,
            demote: bool, kind: str, compress: str, origin: dict | None = None, progress_path=None,
            two_phase: bool = False, one_flight: bool = False, link: LinkHints | None = None,
-           bwlimit: float | None = None) -> None:
+           bwlimit: float | None = None, before_trailer=None) -> None:
     """Send the prepared generation and its trailer. two_phase: the peer only prepares it
     (votes) and waits for the round's decision (``Session.decide``). one_flight (protocol 4,
     a fresh generation): no ``ready`` is waited for; a peer not as expected answers
     ``refused`` and :class:`Refused` carries its status to the driver. A large generation
-    over a long path is striped (``striping.stripe_count``)."""
+    over a long path is striped (``striping.stripe_count``).
+
+    A generation still planning (``prepared.planning``, one flight only; its intent is
+    recorded) is sent as its entries come; *before_trailer* runs once every record is out and
+    before the trailer lets the peer commit (the caller waits for the plan there)."""
     meta = prepared.meta
     t0 = time.monotonic()
     v4 = session.version >= 4
+    feed = prepared.planning.feed if prepared.planning is not None else None
     tx = transaction(meta, kind=kind, epoch=epoch, demote=demote, origin=origin, two_phase=two_phase)
-    n = _stripe_count(session, meta, link or session.peer.link, bwlimit) if v4 else 1
+    planned = int(meta["changed"] if feed is None else meta["estimate"])
+    n = _stripe_count(session, planned, link or session.peer.link, bwlimit) if v4 else 1
     token = handoff.new_token() if n > 1 else None
     if token:
         tx["stripes"] = {"token": token, "count": n - 1}
@@ -65,13 +71,15 @@ def stream(session: Session, prepared: Prepared, report: SyncReport, *, unit_id:
     came = session.watch() if v4 else None
     try:
         sent, chain = _send_or_say_why(session, stripes, came, lambda: _send_records(
-            session, prepared, stripes, skip, held, v4, came, compress, progress_path, unit_id))
+            session, prepared, stripes, skip, held, v4, came, compress, progress_path, unit_id, feed, planned))
         expect = "prepared" if two_phase else "committed"
         t_sent = time.monotonic()
         if came is not None and came.is_set():      # answered before the trailer: refused, or an error
             reply = session.answer(expect)
             session.abort()
         else:
+            if before_trailer is not None:
+                before_trailer()
             reply = session.commit(chain.count, chain.hexdigest(), expect=expect)
     except BaseException:
         for s in stripes:
@@ -83,7 +91,13 @@ def stream(session: Session, prepared: Prepared, report: SyncReport, *, unit_id:
         raise Refused(reply.get("status") or {}, reply.get("error"))
     if reply.get("txid") != meta["txid"] or reply.get("target" if two_phase else "generation") != meta["generation"]:
         raise ReplicationConflict(unit_id=unit_id, reason=f"peer committed {reply}, expected {meta['txid']}")
-    t_end = time.monotonic()
+    _report_times(report, reply, t0, t_sent, time.monotonic())
+    report.stripes, report.pipelined = n, feed is not None
+    _report_generation(report, meta, sent, two_phase)
+    report.bytes_on_wire = session.bytes_sent   # the whole conversation, control included
+
+
+def _report_times(report: SyncReport, reply: dict, t0: float, t_sent: float, t_end: float) -> None:
     report.phases["stream_s"] = round(t_end - t0, 4)
     # of which: the records out (the last one handed to the channels), and the wait for the answer
     report.phases["send_s"], report.phases["answer_s"] = round(t_sent - t0, 4), round(t_end - t_sent, 4)
@@ -96,9 +110,6 @@ def stream(session: Session, prepared: Prepared, report: SyncReport, *, unit_id:
         report.phases["peer_maps_s"] = reply["maps_s"]
     # the answer's wait less the peer's commit: the trip back and the data still in flight
     report.phases["answer_wire_s"] = round(max(0.0, t_end - t_sent - peer_s), 4)
-    report.stripes = n
-    _report_generation(report, meta, sent, two_phase)
-    report.bytes_on_wire = session.bytes_sent   # the whole conversation, control included
 
 
 def _send_or_say_why(session: Session, stripes, came, send):
@@ -115,8 +126,7 @@ def _send_or_say_why(session: Session, stripes, came, send):
         raise
 
 
-def _stripe_count(session: Session, meta: dict, link: LinkHints, bwlimit: float | None) -> int:
-    planned = int(meta["changed"])
+def _stripe_count(session: Session, planned: int, link: LinkHints, bwlimit: float | None) -> int:
     if not link.stripes and planned <= link.window:
         return 1        # never waits for an RTT measurement when one channel will do
     return stripe_count(planned, rtt=session.peer.rtt(wait=RTT_WAIT), link=link, bwlimit=bwlimit)
@@ -148,16 +158,16 @@ def _begin(session: Session, tx: dict, prepared: Prepared, unit_id: str, one_fli
 
 
 def _send_records(session: Session, prepared: Prepared, stripes, skip: int, held: set, indexed: bool, stop,
-                  compress: str, progress_path, unit_id: str):
+                  compress: str, progress_path, unit_id: str, feed, planned: int):
     meta = prepared.meta
     fds = [os.open(prepared.member_file(m), os.O_RDONLY) for m in meta["members"]]
-    prog = Progress(progress_path, planned=meta["changed"], generation=meta["generation"]) if progress_path else None
+    prog = Progress(progress_path, planned=planned, generation=meta["generation"]) if progress_path else None
     writes = [session.send] + [s.send for s in stripes]
     if prog:
         writes = [prog.wrap(w) for w in writes]
     try:
         sent, chain = stream_records(prepared.dir / "plan.bin", fds, writes, skip=skip, held=held,
-                                     indexed=indexed, stop=stop, compress=compress)
+                                     indexed=indexed, stop=stop, compress=compress, entries=feed)
         for s in stripes:
             s.end()
         return sent, chain

@@ -30,6 +30,7 @@ from .driver import Attempt, Job, drive
 from .generation import Prepared
 from .layout import PoolLayout, check_id
 from .plan import Pending, reconcile
+from .prepare import replan
 from .remote import ApplySession
 from .report import SyncReport
 from .snapstore import load_pending, sweep
@@ -47,13 +48,15 @@ class SyncPlanner:
 
     def load(self, job: Job) -> tuple[UnitState, Prepared | None]:
         st = self.load_state()
-        pending = load_pending(job.layout, job.unit_id, st.generation)
+        pending = load_pending(job.layout, job.unit_id, st.generation) or replan(job.layout, st)
         sweep(job.layout, job.unit_id, st.generation, pending)
         return st, pending
 
     def ahead(self, a: Attempt) -> None:
+        """Capture the next generation and start its plan; a one flight sends its records
+        as the plan finds them (``Ship``), any other step waits for the plan first."""
         if a.pending is None and a.job.mode == "delta":
-            a.early = prepare_delta(a)
+            a.early = prepare_delta(a, pipelined=a.job.cut is None)
 
     def plan(self, a: Attempt) -> list[Step]:
         job = a.job

@@ -6,6 +6,7 @@ and only connectivity errors lead to another attempt. The fast tests run the
 driver alone on fakes of its interfaces (planner, session opener and session,
 steps), as zrepl's driver_test.go does; the others run it on XFS with a real
 receiver."""
+import json
 import os
 import threading
 
@@ -15,7 +16,8 @@ from drsvc.errors import PeerUnreachable, ReplicationConflict
 from drsvc.replication import peer_status, sync_unit
 from drsvc.replication import plan as planner
 from drsvc.replication.driver import Attempt, Job, Refused, drive
-from drsvc.replication.generation import Prepared
+from drsvc.replication import steps as steps_mod
+from drsvc.replication.generation import Planning, Prepared
 from drsvc.replication.layout import PoolLayout
 from drsvc.replication.report import SyncReport
 from drsvc.replication.state import UnitState
@@ -311,6 +313,51 @@ def test_driver_works_ahead_while_the_session_opens_and_drops_what_was_not_shipp
     drive(_job(tmp_path), planner_, opener, SyncReport(unit_id="u"), attempts=2)
     assert len(early_dirs) == 2 and not any(d.exists() for d in early_dirs)
     assert all(s.closed for s in opener.sessions)
+
+
+def _planning_attempt(tmp_path, release: threading.Event):
+    """An attempt holding a generation whose intent is recorded (snap/1) while its plan waits
+    for *release*, then gives one entry (which a cancelled plan cannot) and completes its
+    meta.json, as ``prepare`` does for a first copy."""
+    layout = PoolLayout(tmp_path)
+    layout.snap_root("u").mkdir(parents=True)
+    d = layout.snap_dir("u", 1)
+    d.mkdir()
+    meta = {"txid": "t1", "generation": 1, "base_generation": 0, "mode": "delta", "members": [],
+            "replan": True}
+    (d / "meta.json").write_text(json.dumps(meta))
+
+    def run(feed):
+        assert release.wait(10)
+        feed.put((0, False, 0, 4096, 0))
+        (d / "meta.json").write_text(json.dumps({**meta, "complete": True}))
+    a = Attempt(Job(layout, "u", ["u"], FakePeer()), UnitState(unit_id="u"), SyncReport(unit_id="u"),
+                session=FakeSession(version=4), one_flight=True)
+    a.prepared = Prepared(d, meta, Planning(run, "plan-test"))
+    return a, layout
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("error, planned", [(PeerUnreachable(peer="fake", reason="cut"), True),
+                                            (ReplicationConflict(unit_id="u", reason="bad"), False)])
+def test_a_stream_cut_while_its_plan_reads_leaves_the_generation_resumable(tmp_path, monkeypatch, error,
+                                                                           planned):
+    """A one flight sends records while its plan is still written (a first copy), its intent
+    (snap/1) recorded first. When the connection is lost mid-plan, what landed at the peer is
+    journaled for this txid: Ship lets the plan finish, so the next attempt resumes at once.
+    Any other error stops the plan; the intent stays, incomplete, for the next sync to plan
+    again (``prepare.replan``) and resume."""
+    release = threading.Event()
+    a, layout = _planning_attempt(tmp_path, release)
+
+    def stream(session, prepared, report, **kw):
+        threading.Timer(0.1, release.set).start()
+        raise error
+    monkeypatch.setattr(steps_mod, "stream", stream)
+    with pytest.raises(type(error)):
+        Ship().run(a)
+    meta = json.loads((layout.snap_dir("u", 1) / "meta.json").read_text())
+    assert bool(meta.get("complete")) is planned and meta["replan"] and a.prepared.planning is None
 
 
 @pytest.mark.fast

@@ -285,3 +285,36 @@ def test_kill_sender_after_peer_commit(xfs_mod):
     assert peer_status(peer, "v")["generation"] == 2 and get_state(a, "v").generation == 1
     r = _converge(a, b, peer)
     assert r.steps == ["finalize", "sync"] and get_state(a, "v").generation == 3
+
+
+GROUP_SENDER = """
+import sys
+from drsvc.replication import sync_unit
+from drsvc.transport.local import LocalPeer
+sync_unit(sys.argv[1], "g", ["v", "w"], LocalPeer(sys.argv[2]))
+"""
+
+
+def test_kill_sender_mid_plan_of_a_generation_on_the_wire(xfs_mod):
+    """A first copy's records leave while its plan still reads the images (the pipelined
+    prepare), its intent (snap/1) recorded first. A sender killed between two members' plans,
+    with the first member's records on the wire, leaves that intent with its plan not whole;
+    the peer commits nothing of it. The next sync plans it again from the captured images
+    (``prepare.replan``) and resumes the same txid: what the peer journaled is not sent
+    again, and the images match. (A first copy that restarted from zero after a kill is what
+    took the first pipelined prepare back, at stop 30.)"""
+    a, b = new_sites(xfs_mod)
+    vols = ("v", "w")
+    for v in vols:
+        make_image(a / "images" / f"{v}.img", 4 * IMG, [(0, os.urandom(4 * IMG))])
+    p = subprocess.Popen([sys.executable, "-c", GROUP_SENDER, str(a), str(b)], stderr=subprocess.DEVNULL,
+                         env=dict(os.environ, DRSVC_FAILPOINTS="sender.mid_plan"))
+    assert p.wait(timeout=120) == -signal.SIGKILL
+    intent = store.read_doc(PoolLayout(a).snap_dir("g", 1) / "meta.json")
+    assert intent["replan"] and not intent.get("complete"), intent
+    assert peer_status(LocalPeer(b), "g")["generation"] == 0
+    r = sync_unit(a, "g", list(vols), LocalPeer(b))
+    assert r.steps == ["resume"] and r.resumed and r.target_generation == 1, r.steps
+    assert r.records_sent <= r.records
+    for v in vols:
+        assert sha(b / "images" / f"{v}.img") == sha(a / "images" / f"{v}.img")

@@ -73,7 +73,7 @@ def test_a_striped_sync_is_byte_equal(xfs_mod):
     make_image(a / "images" / "v2.img", 16 * MiB, [(MiB, os.urandom(6 * MiB))])
     peer = Recording(b)
     r = sync_unit(a, "g", ["v1", "v2"], peer, link=STRIPED)         # fresh members: staging images
-    assert r.stripes == 4 and r.steps == ["sync"]
+    assert r.stripes == 4 and r.steps == ["sync"] and r.pipelined   # sent while the plan read
     assert _images(a, b, ["v1", "v2"])
     stripes = peer.sent("stripe")
     # channels take the next batch when free: a stripe that opened late on a loaded machine
@@ -83,7 +83,7 @@ def test_a_striped_sync_is_byte_equal(xfs_mod):
         write_at(a / "images" / "v1.img", i * 700 * 1024, os.urandom(8192))
     write_at(a / "images" / "v2.img", 2 * MiB, bytes(2 * MiB))      # a zero range
     r = sync_unit(a, "g", ["v1", "v2"], Recording(b), link=STRIPED)
-    assert r.stripes == 4 and r.records_sent == r.records
+    assert r.stripes == 4 and r.records_sent == r.records and not r.pipelined    # a delta: planned first
     assert _images(a, b, ["v1", "v2"])
 
 
@@ -109,6 +109,35 @@ def test_a_cut_stripe_resumes_without_resending_what_landed(xfs_mod):
     assert r.bytes_on_wire < (r.records - len(held)) * MiB + 64 * 1024
     bye = len(protocol.encode_control({"type": "bye"}))            # sent after the report is made
     assert sum(peer.sent("stripe")) + sum(peer.sent("apply")) == r.bytes_on_wire + bye
+    assert sha(img) == sha(b / "images" / "v.img")
+
+
+def test_a_first_copy_cut_while_its_plan_reads_resumes(xfs_mod):
+    """A first copy is sent while its plan still reads the image (pipelined). A stripe cut
+    while the plan reads (most runs: the image is read cold) or after it is whole: either
+    way the intent is recorded, so the next sync resumes the same generation and sends only
+    the records that had not landed. Which of the two a run hits depends on the machine's
+    load; Ship's handling of a cut mid-plan is tested deterministically in test_driver
+    (test_a_stream_cut_while_its_plan_reads_leaves_the_generation_resumable)."""
+    a, b = new_sites(xfs_mod)
+    img = a / "images" / "v.img"
+    n = 256
+    make_image(img, n * MiB, [(0, os.urandom(n * MiB))])            # 256 records of 1 MiB
+    with open(img, "rb") as f:                                       # read cold: the plan takes a while
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    intent = PoolLayout(a).snap_dir("v", 1)
+    with pytest.raises(PeerUnreachable):
+        sync_unit(a, "v", ["v"], Cutting(b, after=2 * MiB), link=STRIPED)
+    assert (intent / "meta.json").exists(), "the intent: resumable"
+    j = Journal(PoolLayout(b), "v")
+    assert j.load()
+    j.scan()
+    held = set(j.durable())
+    j.close()
+    assert 0 < len(held) < n
+    r = sync_unit(a, "v", ["v"], Recording(b), link=STRIPED)
+    assert r.resumed and r.steps == ["resume"] and r.records_sent == r.records - len(held)
     assert sha(img) == sha(b / "images" / "v.img")
 
 
