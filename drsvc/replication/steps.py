@@ -38,11 +38,11 @@ def prepare_for(a: Attempt, **kw) -> Prepared:
                    sources=j.sources, **kw)
 
 
-def prepare_delta(a: Attempt, *, pipelined: bool = False) -> Prepared:
+def prepare_delta(a: Attempt, *, pipelined: bool = False, deltas: bool = False) -> Prepared:
     """The next generation, planned against the acked base (pipelined: still planning when
-    returned, ``prepare.prepare``)."""
+    returned, a first copy, or with *deltas* any generation: ``prepare.prepare``)."""
     return prepare_for(a, txid=uuid.uuid4().hex, target=a.st.generation + 1,
-                       base_generation=a.st.generation, mode="delta", pipelined=pipelined)
+                       base_generation=a.st.generation, mode="delta", pipelined=pipelined, deltas=deltas)
 
 
 class Step:

@@ -318,3 +318,40 @@ def test_kill_sender_mid_plan_of_a_generation_on_the_wire(xfs_mod):
     assert r.records_sent <= r.records
     for v in vols:
         assert sha(b / "images" / f"{v}.img") == sha(a / "images" / f"{v}.img")
+
+
+FAR_GROUP_SENDER = """
+import sys
+from drsvc.replication import sync_unit
+from drsvc.transport.local import LocalPeer
+class Far(LocalPeer):
+    def rtt(self, wait=0.0):
+        return 0.1
+sync_unit(sys.argv[1], "g", ["v", "w"], Far(sys.argv[2]))
+"""
+
+
+def test_kill_sender_mid_plan_of_a_delta_on_the_wire(xfs_mod):
+    """Over a long path a delta's records leave while its plan reads, its intent (snap/2)
+    recorded first. A sender killed between two members' plans leaves that intent with its
+    plan not whole and not re-plannable (a delta's overlay scan is not kept): the next sync
+    sweeps it and sends the generation again under a new txid; the peer, which journaled
+    part of the old one, commits only the new one, and the images match."""
+    a, b = new_sites(xfs_mod)
+    vols = ("v", "w")
+    for v in vols:
+        make_image(a / "images" / f"{v}.img", 4 * IMG, [(0, os.urandom(2 * IMG))])
+    assert sync_unit(a, "g", list(vols), LocalPeer(b)).target_generation == 1
+    for v in vols:
+        for i in range(64):
+            write_at(a / "images" / f"{v}.img", i * 37 * 4096 % (4 * IMG), os.urandom(4096))
+    p = subprocess.Popen([sys.executable, "-c", FAR_GROUP_SENDER, str(a), str(b)], stderr=subprocess.DEVNULL,
+                         env=dict(os.environ, DRSVC_FAILPOINTS="sender.mid_plan"))
+    assert p.wait(timeout=120) == -signal.SIGKILL
+    intent = store.read_doc(PoolLayout(a).snap_dir("g", 2) / "meta.json")
+    assert intent is not None and not intent["replan"] and not intent.get("complete"), intent
+    assert peer_status(LocalPeer(b), "g")["generation"] == 1
+    r = sync_unit(a, "g", list(vols), LocalPeer(b))
+    assert r.target_generation == 2 and r.records_sent == r.records and r.txid != intent["txid"], r.steps
+    for v in vols:
+        assert sha(b / "images" / f"{v}.img") == sha(a / "images" / f"{v}.img")
