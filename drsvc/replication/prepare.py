@@ -8,7 +8,6 @@ generation's image and block map (delta), or the peer's block map (compare).
 """
 from __future__ import annotations
 
-import dataclasses
 import errno
 import logging
 import os
@@ -84,15 +83,14 @@ class Baseline:
 
 def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int, txid: str,
             target: int, base_generation: int, mode: str, peer_maps: dict | None = None,
-            cut: Cut | None = None, sources: dict | None = None, pipelined: bool = False,
-            deltas: bool = False) -> Prepared:
+            cut: Cut | None = None, sources: dict | None = None, pipelined: bool = False) -> Prepared:
     """Capture and plan one generation into a private directory. cut: the group spans
     storage nodes (``replication.cut``): the capture meets the other nodes frozen.
     sources: capture these files instead of the live images (a CSI snapshot's).
     pipelined: when every member's plan reads its whole image against nothing
-    (``_replannable``), or with *deltas* for any generation, record the intent and return once
-    the capture is done, the plan being written on a thread (``Prepared.planning``); its
-    entries can be sent as they come, and ``meta["estimate"]`` bounds the bytes it will plan."""
+    (``_replannable``), record the intent and return once the capture is done, the plan being
+    written on a thread (``Prepared.planning``); its entries can be sent as they come, and
+    ``meta["estimate"]`` bounds the bytes it will plan."""
     tmp = layout.snap_root(st.unit_id) / f"tmp-{txid}"
     t0 = time.monotonic()
     captured_at = time.time()          # the origin's capture instant (receive records, data age)
@@ -115,19 +113,16 @@ def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int,
             "ranges_cloned": sum(c.cloned for c in captured.values()),
             "captured_at": timings.get("frozen_at", captured_at), "sources": bool(sources),
             "estimate": sum(_estimate(captured[m["volume_id"]], m) for m in heads)}
-    replannable = _replannable(tmp, captured, heads, mode)
-    if pipelined and mode == "delta" and (replannable or deltas) and all(
-            c.path.parent == tmp for c in captured.values()):
+    if pipelined and _replannable(tmp, captured, heads, mode):
         # The intent first (snap/<G+1>, its plan not yet whole): records may leave before the
-        # plan is. A first copy whose sender dies meanwhile is planned again from its captured
-        # images at the next sync (``replan``) and resumed, with what landed kept; a delta is
-        # swept then and sent again under a new txid (it is what changed in one interval).
-        meta["replan"] = replannable
+        # plan is, and a sender that dies meanwhile re-plans this generation from its captured
+        # images at the next sync (``replan``) and resumes it, with what landed kept.
+        meta["replan"] = True
         store.write_doc(tmp / "meta.json", meta)
         prepared = mark_intent(layout, st.unit_id, Prepared(tmp, meta))
-        d = prepared.dir
-        caps = [dataclasses.replace(captured[vol], path=d / captured[vol].path.name) for vol in members]
-        prepared.planning = Planning(lambda feed: _plan_all(d, meta, caps, baseline, feed), f"plan-{st.unit_id}")
+        whole = _whole_captures(prepared.dir, heads)
+        prepared.planning = Planning(lambda feed: _plan_all(prepared.dir, meta, whole, baseline, feed),
+                                     f"plan-{st.unit_id}")
         return prepared
     _plan_all(tmp, meta, [captured[vol] for vol in members], baseline)
     return Prepared(tmp, meta)
@@ -156,11 +151,11 @@ def _plan_all(d: Path, meta: dict, caps: list[Captured], baseline: Baseline, fee
 def _replannable(tmp: Path, captured: dict[str, Captured], heads: list[dict], mode: str) -> bool:
     """Every member is a whole image captured into the generation's directory and planned
     against nothing (a first copy, or a group whose members are all new): its plan depends
-    on those immutable images alone, so planning it again gives the same records. Such plans
-    are always pipelined (1 GiB: 3.43 s against 3.74 s on loopback; 9.26 s against 9.83 s at
-    100 ms / 1 Gbit/s). A delta's only over a long path (the caller's *deltas*): sending its
-    scattered records while its cold reads go on measured slower on loopback (1% of 1 GiB:
-    0.75 s against 0.70 s), where there is no round trip for the reads to hide behind."""
+    on those immutable images alone, so planning it again gives the same records. Only such
+    plans are pipelined: sending a delta's scattered records while its cold reads go on
+    measured slower here (1% of 1 GiB: 0.75 s against 0.70 s on loopback), while a whole
+    image's went faster (1 GiB: 3.43 s against 3.74 s; 9.26 s against 9.83 s at 100 ms /
+    1 Gbit/s)."""
     return mode == "delta" and all(
         h["fresh"] and not h["overlay"] and captured[h["volume_id"]].path == tmp / f"{h['volume_id']}.img"
         for h in heads)

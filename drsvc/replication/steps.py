@@ -38,11 +38,11 @@ def prepare_for(a: Attempt, **kw) -> Prepared:
                    sources=j.sources, **kw)
 
 
-def prepare_delta(a: Attempt, *, pipelined: bool = False, deltas: bool = False) -> Prepared:
+def prepare_delta(a: Attempt, *, pipelined: bool = False) -> Prepared:
     """The next generation, planned against the acked base (pipelined: still planning when
-    returned, a first copy, or with *deltas* any generation: ``prepare.prepare``)."""
+    returned, ``prepare.prepare``)."""
     return prepare_for(a, txid=uuid.uuid4().hex, target=a.st.generation + 1,
-                       base_generation=a.st.generation, mode="delta", pipelined=pipelined, deltas=deltas)
+                       base_generation=a.st.generation, mode="delta", pipelined=pipelined)
 
 
 class Step:

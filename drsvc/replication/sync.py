@@ -38,10 +38,6 @@ from .state import UnitState, find_state
 from .steps import Step, plan_steps, prepare_delta
 
 MODES = ("delta", "compare")
-# A delta's records leave while its plan reads only when the round trip is at least this
-# long: there the plan's cold reads overlap the wait for the answer. On loopback pipelining
-# a delta measured slower (the plan's reads compete with the receiver's journal writes).
-PIPELINE_DELTAS_RTT = 0.010
 
 
 class SyncPlanner:
@@ -58,12 +54,9 @@ class SyncPlanner:
 
     def ahead(self, a: Attempt) -> None:
         """Capture the next generation and start its plan; a one flight sends its records
-        as the plan finds them (``Ship``), any other step waits for the plan first. A delta's
-        plan is pipelined only over a long path (its cold reads then overlap the round trip)."""
+        as the plan finds them (``Ship``), any other step waits for the plan first."""
         if a.pending is None and a.job.mode == "delta":
-            rtt = a.job.peer.rtt()
-            a.early = prepare_delta(a, pipelined=a.job.cut is None,
-                                    deltas=rtt is not None and rtt >= PIPELINE_DELTAS_RTT)
+            a.early = prepare_delta(a, pipelined=a.job.cut is None)
 
     def plan(self, a: Attempt) -> list[Step]:
         job = a.job

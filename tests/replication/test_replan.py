@@ -1,6 +1,5 @@
 """A first copy's plan, written while its records leave (the pipelined prepare), and written
-again from its captured images when its sender died before it was whole (``prepare.replan``);
-a delta's, pipelined over a long path only.
+again from its captured images when its sender died before it was whole (``prepare.replan``).
 
 The receiver resumes a transaction by record index and checks the indices it holds against
 the sender's plan (``stream._begin``), so the plan written again must be the plan that was
@@ -13,11 +12,9 @@ from drsvc import store
 from drsvc.replication.blockmap import DEFAULT_BLOCK_SIZE
 from drsvc.replication.layout import PoolLayout
 from drsvc.replication.prepare import prepare, replan
-from drsvc.replication import sync_unit
 from drsvc.replication.state import UnitState
-from drsvc.transport.local import LocalPeer
 
-from .conftest import make_image, new_sites, sha, write_at
+from .conftest import make_image, new_sites, write_at
 
 MiB = 1 << 20
 
@@ -75,25 +72,3 @@ def test_a_pending_plan_that_cannot_be_written_again_is_dropped(xfs_mod):
     (d / "v.img").unlink()
     assert replan(layout, st) is None and not d.exists()
     assert replan(layout, st) is None                              # nothing pending: nothing to do
-
-
-class Far(LocalPeer):
-    """A local peer whose measured round trip is a WAN's: what the sync reads from
-    ``Peer.rtt`` to choose how it plans; the transport itself is the local one."""
-
-    def rtt(self, wait: float = 0.0) -> float | None:
-        return 0.1
-
-
-def test_a_delta_is_sent_while_its_plan_reads_over_a_long_path_only(xfs_mod):
-    a, b = new_sites(xfs_mod)
-    img = a / "images" / "v.img"
-    make_image(img, 32 * MiB, [(0, os.urandom(20 * MiB))])
-    assert sync_unit(a, "v", ["v"], LocalPeer(b)).pipelined              # a first copy: always
-    for n, peer in enumerate((LocalPeer(b), Far(b), Far(b))):
-        for i in range(24):
-            write_at(img, (i * 1237 + n * 64) * 4096 % (30 * MiB), os.urandom(8192))
-        r = sync_unit(a, "v", ["v"], peer)
-        assert r.pipelined is isinstance(peer, Far) and r.steps == ["sync"], (n, r.steps)
-        assert r.records_sent == r.records > 0
-        assert sha(img) == sha(b / "images" / "v.img")
