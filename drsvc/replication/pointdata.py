@@ -89,6 +89,13 @@ def merge_maps(a, b):
     return m[np.argsort(m[:, 0], kind="stable")] if len(b) else m
 
 
+def in_log_order(m):
+    """The rows by log position. A log filled by several appends (its own undo, then the
+    folds of pruned points) interleaves them by offset; read in log order, what lies
+    together in the log is one run, shared with one FICLONERANGE (``append``)."""
+    return m[m[:, 2].argsort(kind="stable")] if len(m) > 1 else m
+
+
 def covered(m):
     return norm(m[:, 0], m[:, 0] + m[:, 1])
 
@@ -237,11 +244,26 @@ def _runs(pieces):
         yield run
 
 
+def _run_length(run) -> int:
+    return run[-1][3] + _aligned(run[-1][1]) - run[0][3]
+
+
+def _shared(run) -> bool:
+    """Whether the run is shared by reflink (where the filesystem can), not read: a run of
+    several ranges, or one aligned range, of at least CLONE_MIN."""
+    first = run[0]
+    if first[2] is None:
+        return False
+    if len(run) > 1:
+        return _run_length(run) >= CLONE_MIN and first[3] % ALIGN == 0
+    return first[1] >= CLONE_MIN and not (first[3] | first[1]) % ALIGN
+
+
 def _add_run(w: _Appender, run, rows: list) -> None:
     """One run: shared whole when it is long enough, else range by range."""
-    first, last = run[0], run[-1]
-    length = last[3] + _aligned(last[1]) - first[3]
-    if len(run) > 1 and length >= CLONE_MIN and first[3] % ALIGN == 0:
+    first = run[0]
+    length = _run_length(run)
+    if len(run) > 1 and _shared(run):
         w.flush()
         os.ftruncate(w.fd, w.end + length)
         if _clone(first[2], first[3], w.fd, w.end, length):
@@ -261,17 +283,19 @@ def append(log: Path, pieces, *, after=None) -> tuple:
     are cut off first (None: keep the log as it is). Returns the pieces' map rows and the
     data bytes written."""
     np = _np()
-    pieces = list(pieces)
-    for _off, ln, src, pos in pieces:
-        if src is not None:
-            os.posix_fadvise(src, pos, ln, os.POSIX_FADV_WILLNEED)
+    runs = list(_runs(pieces))
+    for run in runs:                 # what will be read: the kernel reads it all at once
+        if not _shared(run):
+            for _off, ln, src, pos in run:
+                if src is not None:
+                    os.posix_fadvise(src, pos, ln, os.POSIX_FADV_WILLNEED)
     rows: list = []
     fd = os.open(log, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         if after is not None and os.fstat(fd).st_size > log_end(after):
             os.ftruncate(fd, log_end(after))
         w = _Appender(fd)
-        for run in _runs(pieces):
+        for run in runs:
             _add_run(w, run, rows)
         w.flush()
         # XFS keeps blocks past the end of a file appended in turns (speculative preallocation):

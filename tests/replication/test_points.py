@@ -233,3 +233,48 @@ def test_laying_an_undo_log_shares_its_small_ranges_too(xfs_mod):
         return len(e) == 1 and bool(e["flags"][0] & FIEMAP_EXTENT_SHARED)
     assert shared(4 * KiB) and shared(64 * KiB)
     assert not shared(0) and not shared(MiB - 500)
+
+
+def test_a_fold_of_an_interleaved_log_shares_it_whole_and_reads_none_of_it(xfs_mod):
+    """A pruned point's log filled by two appends (its own undo, then a fold) holds rows
+    whose positions interleave by offset. Taken in log order, the whole log is one run:
+    the older point's log shares it (every extent shared) and nothing of the pruned log is
+    read into the page cache (only ranges that are copied are asked for)."""
+    import numpy as np
+
+    from drsvc.host.fiemap import FIEMAP_EXTENT_SHARED
+    from drsvc.replication import pointdata
+
+    from .test_journal import _cached
+    d = xfs_mod / f"fold-order-{random.random()}"
+    d.mkdir()
+    src_img = d / "img"
+    data = os.urandom(8 * MiB)
+    make_image(src_img, 8 * MiB, [(0, data)])
+    evens, odds = np.arange(0, 128, 2, dtype=np.int64) * 4096, np.arange(1, 128, 2, dtype=np.int64) * 4096
+    fd = os.open(src_img, os.O_RDONLY)
+    try:
+        first, _ = pointdata.append(d / "p.undo", pointdata.image_pieces(fd, (evens, evens + 4096), 8 * MiB))
+        second, _ = pointdata.append(d / "p.undo", pointdata.image_pieces(fd, (odds, odds + 4096), 8 * MiB))
+    finally:
+        os.close(fd)
+    pmap = pointdata.merge_maps(first, second)
+    assert list(pmap[:2, 2]) == [0, 64 * 4096]                    # by offset, the positions jump
+    pfd = os.open(d / "p.undo", os.O_RDONLY)
+    try:
+        os.fsync(pfd)
+        os.posix_fadvise(pfd, 0, 0, os.POSIX_FADV_DONTNEED)
+        assert not any(_cached(d / "p.undo", off) for off in range(0, 128 * 4096, 4096))
+        moved, n = pointdata.append(d / "q.undo", pointdata.log_pieces(pfd, pointdata.in_log_order(pmap)))
+        assert not any(_cached(d / "p.undo", off) for off in range(0, 128 * 4096, 4096))
+    finally:
+        os.close(pfd)
+    assert n == 128 * 4096
+    qfd = os.open(d / "q.undo", os.O_RDONLY)
+    try:
+        ext = fiemap_array(qfd, os.fstat(qfd).st_size)
+        assert len(ext) and (ext["flags"] & FIEMAP_EXTENT_SHARED).all()
+        for off, ln, pos in moved.tolist():
+            assert os.pread(qfd, ln, pos) == data[off:off + ln]
+    finally:
+        os.close(qfd)
