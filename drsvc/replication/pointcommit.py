@@ -111,12 +111,41 @@ def keeps_undo(layout: PoolLayout, unit_id: str) -> bool:
 
 
 _COSTS: dict = {}                 # txid -> seconds spent before the apply (this process)
+_PARSED: dict = {}                # txid -> (the index file's identity, the Index before_apply read)
+
+
+def _file_key(path) -> tuple | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def _index_before_apply(layout: PoolLayout, tx: dict) -> Index | None:
+    """The index, read for before_apply and kept for the same transaction's after_commit."""
+    _PARSED.clear()
+    key = _file_key(layout.points_index(tx["unit"]))
+    idx = Index.find(layout, tx["unit"])
+    if idx is not None:
+        _PARSED[tx["txid"]] = (key, idx)
+    return idx
+
+
+def _index_for_commit(layout: PoolLayout, tx: dict) -> Index:
+    """The index as before_apply read it for this transaction, when the file is still the
+    one it read (nothing wrote it since: the index is written only after the apply), else
+    read again. Saves a parse per commit (6 ms at 1,000 points here)."""
+    cached = _PARSED.pop(tx["txid"], None)
+    if cached is not None and cached[0] == _file_key(layout.points_index(tx["unit"])):
+        return cached[1]
+    return Index.load(layout, tx["unit"])
 
 
 def before_apply(layout: PoolLayout, tx: dict, spans) -> None:
     """*spans*: a callable giving the journal's (member index, offset, length) records."""
     t0 = time.monotonic()
-    idx = Index.find(layout, tx["unit"])
+    idx = _index_before_apply(layout, tx)
     if idx is None or not idx.points or idx.has_txid(tx["txid"]):
         return
     plan, _ = _plan(idx, tx)
@@ -218,7 +247,7 @@ def _make_full(layout: PoolLayout, idx: Index, q: Point, vol: str) -> None:
 # -- after the apply ----------------------------------------------------------------------
 def after_commit(layout: PoolLayout, tx: dict) -> None:
     t0 = time.monotonic()
-    idx = Index.load(layout, tx["unit"])
+    idx = _index_for_commit(layout, tx)
     listed = (tx.get("origin") or {}).get("snapshots")
     if idx.has_txid(tx["txid"]):         # a replay: the index is written; finish the rest
         gone = [p for p in idx.points if p.snapshot and not p.pinned and listed is not None

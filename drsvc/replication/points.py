@@ -71,7 +71,10 @@ class Point:
 
     @classmethod
     def from_doc(cls, doc: dict) -> Point:
-        return cls(**{k: v for k, v in doc.items() if k in cls.__dataclass_fields__})
+        try:
+            return cls(**doc)             # as this release writes it: every key a field
+        except TypeError:                 # keys of another release: the known ones
+            return cls(**{k: v for k, v in doc.items() if k in cls.__dataclass_fields__})
 
 
 def rfc3339(t: float) -> str:

@@ -278,3 +278,38 @@ def test_a_fold_of_an_interleaved_log_shares_it_whole_and_reads_none_of_it(xfs_m
             assert os.pread(qfd, ln, pos) == data[off:off + ln]
     finally:
         os.close(qfd)
+
+
+def test_the_commit_reuses_the_index_read_before_the_apply_only_while_the_file_is_unchanged(tmp_path):
+    """after_commit takes the Index that before_apply parsed for the same transaction (one
+    parse per commit, not two), but reads the file again when anything rewrote it between
+    the two, or when the transaction is another one."""
+    import time
+
+    from drsvc.replication import pointcommit
+    from drsvc.replication.points import Point
+    lay = PoolLayout(tmp_path)
+    lay.ensure_unit_dir("u")
+    Index("u", [Point(1, time.time(), txid="t1")]).save(lay)
+    tx = {"unit": "u", "txid": "t2"}
+    read = pointcommit._index_before_apply(lay, tx)
+    assert pointcommit._index_for_commit(lay, tx) is read
+    assert pointcommit._index_for_commit(lay, tx) is not read          # taken once
+    read = pointcommit._index_before_apply(lay, tx)
+    Index("u", [Point(1, time.time(), txid="t1"), Point(2, time.time(), txid="t2")]).save(lay)
+    again = pointcommit._index_for_commit(lay, tx)
+    assert again is not read and [p.generation for p in again.points] == [1, 2]
+    pointcommit._index_before_apply(lay, tx)
+    assert pointcommit._index_for_commit(lay, dict(tx, txid="t3")).points[-1].generation == 2
+
+
+def test_a_point_of_another_release_is_read_by_its_known_keys():
+    """Point.from_doc builds a point of this release in one call, and one written by another
+    release (a key this one does not know) from the keys it knows; a point missing a
+    required key is refused (the index is then CorruptMetadata)."""
+    from drsvc.replication.points import Point
+    doc = Point(3, 1.5, txid="t").to_doc()
+    assert Point.from_doc(doc) == Point(3, 1.5, txid="t")
+    assert Point.from_doc({**doc, "added_later": [1]}) == Point(3, 1.5, txid="t")
+    with pytest.raises(TypeError):
+        Point.from_doc({"time": 1.5})
