@@ -46,6 +46,26 @@ def at(lab, site, node):
     return SimpleNamespace(pool=lab.pool(node, site))
 
 
+def _create_retrying(client, req, within: float = 60.0):
+    """CreateVolume as external-provisioner calls it: UNAVAILABLE (a storage node that did
+    not answer in time, as on a loaded CI machine while the lab's node agents start) is
+    retried with backoff, on the same name (CreateVolume is idempotent by name); see
+    kubernetes-csi/external-provisioner pkg/controller/controller.go, which requeues the
+    claim on any error but a final one. Any other code fails at once."""
+    import time
+
+    import grpc
+    deadline, pause = time.monotonic() + within, 0.25
+    while True:
+        try:
+            return client.controller.CreateVolume(req, timeout=60).volume
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(2 * pause, 4.0)
+
+
 def on(client, name, node, size=32 * MiB):
     from csi_plugin.gen import csi_pb2
     cap = csi_pb2.VolumeCapability(mount=csi_pb2.VolumeCapability.MountVolume(fs_type="ext4"),
@@ -53,7 +73,7 @@ def on(client, name, node, size=32 * MiB):
     req = csi_pb2.CreateVolumeRequest(name=name, capacity_range=csi_pb2.CapacityRange(required_bytes=size),
                                       volume_capabilities=[cap])
     req.accessibility_requirements.preferred.add(segments={NODE: node})
-    vol = client.controller.CreateVolume(req, timeout=60).volume
+    vol = _create_retrying(client, req)
     assert dict(vol.accessible_topology[0].segments)[NODE] == node
     return vol.volume_id
 
