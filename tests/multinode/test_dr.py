@@ -50,8 +50,9 @@ def _create_retrying(client, req, within: float = 60.0):
     """CreateVolume as external-provisioner calls it: UNAVAILABLE (a storage node that did
     not answer in time, as on a loaded CI machine while the lab's node agents start) is
     retried with backoff, on the same name (CreateVolume is idempotent by name); see
-    kubernetes-csi/external-provisioner pkg/controller/controller.go, which requeues the
-    claim on any error but a final one. Any other code fails at once."""
+    kubernetes-csi/external-provisioner pkg/controller/controller.go, whose isFinalError
+    counts UNAVAILABLE as transient (the claim is provisioned again). Any other code fails
+    the test at once."""
     import time
 
     import grpc
