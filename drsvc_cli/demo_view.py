@@ -73,7 +73,8 @@ def sync_table(rounds: list[dict], *, rsync: bool):
     level, what drsvc put on the wire and how long it took, and rsync's cost for the same change."""
     from rich.table import Table
     t = Table(padding=(0, 1))
-    t.add_column("writes at a, then a sync", no_wrap=True)
+    # the label wraps (a row that took in scheduled syncs says so and grows); the figures never do
+    t.add_column("writes at a, then a sync", overflow="fold")
     cols = ["app wrote", "changed", "drsvc sent", "took"] + (["rsync sent", "took", "rsync/drsvc"] if rsync else [])
     for c in cols:
         t.add_column(c, justify="right", no_wrap=True, min_width=len(c))
