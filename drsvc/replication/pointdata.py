@@ -194,7 +194,7 @@ class _Appender:
 
     def add(self, src: int, src_pos: int, length: int) -> int:
         """Append *length* bytes of *src* at *src_pos*; the log position, or -1 for zeros."""
-        if length >= CLONE_MIN and not (src_pos | length) % ALIGN:
+        if _clonable(src_pos, length):
             self.flush()
             os.ftruncate(self.fd, self.end + length)
             if _clone(src, src_pos, self.fd, self.end, length):
@@ -256,7 +256,12 @@ def _shared(run) -> bool:
         return False
     if len(run) > 1:
         return _run_length(run) >= CLONE_MIN and first[3] % ALIGN == 0
-    return first[1] >= CLONE_MIN and not (first[3] | first[1]) % ALIGN
+    return _clonable(first[3], first[1])
+
+
+def _clonable(pos: int, length: int) -> bool:
+    """Whether one range is shared, not copied: aligned, and at least CLONE_MIN."""
+    return length >= CLONE_MIN and not (pos | length) % ALIGN
 
 
 def _add_run(w: _Appender, run, rows: list) -> None:

@@ -17,6 +17,7 @@ import pytest
 from drsvc import store
 from drsvc.errors import DrsvcError
 from drsvc.replication import peer_status, sync_unit
+from drsvc.replication.health import progress_of
 from drsvc.replication.layout import PoolLayout
 from drsvc.replication.snapstore import generation_image
 from drsvc.replication.state import get_state
@@ -258,17 +259,31 @@ def _sender_proc(a, b, env=None, bw=12 * MiB):
     return p
 
 
+def _stream_started(a, p, timeout=60.0) -> None:
+    """Until the sender's stream has begun (its progress file is written as the first
+    record leaves), or the sender has ended."""
+    deadline = time.monotonic() + timeout
+    while progress_of(a, "v") is None and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
 def test_kill_sender_at_random_times(xfs_mod):
-    """10 SIGKILLs of the sending process (which holds the unit lock) at random instants."""
+    """10 SIGKILLs of the sending process (which holds the unit lock) at random instants:
+    half measured from its start (capture, plan or stream), half from its stream's start,
+    so that a loaded machine, whose captures run slower, still kills mid-stream."""
     rnd = random.Random(0x5E4D)
     a, b, img, peer = _seed(xfs_mod, LocalPeer)
     mid_sync = 0
-    for _i in range(10):
+    for i in range(10):
         _change(img, rnd, 4 * MiB)
         old = sha(b / "images" / "v.img")
         gen = get_state(a, "v").generation
         p = _sender_proc(a, b, bw=8 * MiB)
-        time.sleep(rnd.uniform(0.05, 0.5))
+        if i % 2:
+            _stream_started(a, p)
+            time.sleep(rnd.uniform(0.0, 0.4))      # 4 MiB at 8 MiB/s: the stream lasts 0.5 s
+        else:
+            time.sleep(rnd.uniform(0.05, 0.5))
         p.send_signal(signal.SIGKILL)
         p.wait()
         _check_after_fault(a, b, peer, old, gen)
@@ -318,3 +333,4 @@ def test_kill_sender_mid_plan_of_a_generation_on_the_wire(xfs_mod):
     assert r.records_sent <= r.records
     for v in vols:
         assert sha(b / "images" / f"{v}.img") == sha(a / "images" / f"{v}.img")
+
