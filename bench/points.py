@@ -132,7 +132,7 @@ def run_load(pair: Pair, args, rnd) -> dict:
                                                                                     "stream_s", "prepare_s")}
                           for u in phases},
         "points_cost_s": {k: {"median": med([c[k] for c in costs]), "max": round(max(c[k] for c in costs), 4)}
-                          for k in ("prune_s", "undo_s", "index_s")} if costs else {},
+                          for k in ("prune_s", "fold_s", "remove_s", "undo_s", "index_s")} if costs else {},
         "pruned_per_sync": round(sum(c["pruned"] for c in costs) / max(1, len(costs)), 2),
         "space": {"dr_pool_bytes": used, "replicas_plus_unique_bytes": expected,
                   "replica_bytes": space.replica_bytes + space_n.replica_bytes,

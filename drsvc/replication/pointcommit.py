@@ -152,6 +152,7 @@ def before_apply(layout: PoolLayout, tx: dict, spans) -> None:
     leaving = set(idx.newest.members) - {m["volume_id"] for m in tx["members"]}
     if leaving:
         seal(layout, idx, leaving)       # out of the unit: its image is no longer ours to keep
+    t_fold = time.monotonic()
     for p in plan.pruned:
         fold(layout, idx, p, plan.survivor(idx, p))
         failpoint("points.after_fold")
@@ -160,7 +161,7 @@ def before_apply(layout: PoolLayout, tx: dict, spans) -> None:
     if target is not None:
         keep_overwritten(layout, idx, target, tx, spans)
     _COSTS.clear()
-    _COSTS[tx["txid"]] = {"prune_s": t1 - t0, "undo_s": time.monotonic() - t1}
+    _COSTS[tx["txid"]] = {"prune_s": t1 - t0, "fold_s": t1 - t_fold, "undo_s": time.monotonic() - t1}
 
 
 def keep_overwritten(layout: PoolLayout, idx: Index, target: Point, tx: dict, spans) -> None:
@@ -278,16 +279,20 @@ def after_commit(layout: PoolLayout, tx: dict) -> None:
         shutil.rmtree(layout.point_dir(idx.unit_id, p.generation), ignore_errors=True)
     for g in touched:
         _sweep_point(layout, idx.unit_id, layout.point_dir(idx.unit_id, g))
-    _record_costs(layout, tx, idx, plan, (t1 - t0) + (time.monotonic() - t3), t2 - t1)
+    remove_s = time.monotonic() - t3
+    _record_costs(layout, tx, idx, plan, (t1 - t0) + remove_s, t2 - t1, remove_s)
 
 
-def _record_costs(layout: PoolLayout, tx: dict, idx: Index, plan: Plan, prune_s: float, index_s: float) -> None:
+def _record_costs(layout: PoolLayout, tx: dict, idx: Index, plan: Plan, prune_s: float, index_s: float,
+                  remove_s: float) -> None:
     """What this commit spent on points, for the bench and for operators (not made durable):
-    prune_s is the plan, the folds and the removal of the pruned points; undo_s the copy of
-    what the generation overwrites; index_s the index write."""
+    prune_s is the plan, the folds and the removal of the pruned points (fold_s and
+    remove_s of it); undo_s the copy of what the generation overwrites; index_s the index
+    write."""
     before = _COSTS.pop(tx["txid"], {})
     doc = {"txid": tx["txid"], "generation": tx["target"], "points": len(idx.points), "pruned": len(plan.pruned),
-           "prune_s": round(prune_s + before.get("prune_s", 0.0), 6), "undo_s": round(before.get("undo_s", 0.0), 6),
+           "prune_s": round(prune_s + before.get("prune_s", 0.0), 6), "fold_s": round(before.get("fold_s", 0.0), 6),
+           "remove_s": round(remove_s, 6), "undo_s": round(before.get("undo_s", 0.0), 6),
            "index_s": round(index_s, 6)}
     store.atomic_write_bytes(layout.points_costs(idx.unit_id), json.dumps(doc).encode(), durable=False)
 
