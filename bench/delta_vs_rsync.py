@@ -28,7 +28,9 @@ failover labs' peers too), each case reports its floor over the link (wire bytes
 ratios to the floor; beside `full`, the emulator's own ceiling (a raw TCP push)
 and 1 and 8 paramiko channels through it. The images the delta cases start from
 are copied to b over loopback (untimed): over the link only what is timed.
-Default cases: full,1pct,idle,many,failover,dbpages.
+drsvc's peer gets the link's rate as its `link_rate`, as the README tells operators to set
+it (it sizes the stripes, and a delta whose bytes take 0.25 s or more on the wire at that
+rate is pipelined). Default cases: full,1pct,idle,many,failover,dbpages.
 
 drsvc syncs run in a warm bench worker (bench/worker.py), one per case: a
 long-lived process that keeps the engine imported and its SSH session and warm

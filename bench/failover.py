@@ -73,8 +73,8 @@ def routed(spec, lab):
     from .wan import LinkProcess, route_lab_peer
     sa, sb = lab.sites["a"], lab.sites["b"]
     with LinkProcess(spec, [sb.sshd_port], back=[sa.sshd_port]) as link:
-        route_lab_peer(sa, "b", sb.sshd_port, link.ports[0])
-        route_lab_peer(sb, "a", sa.sshd_port, link.ports[1])
+        route_lab_peer(sa, "b", sb.sshd_port, link.ports[0], link_rate=spec.rate)
+        route_lab_peer(sb, "a", sa.sshd_port, link.ports[1], link_rate=spec.rate)
         yield link
 
 

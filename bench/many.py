@@ -209,7 +209,7 @@ def reached(args, lab, rsite):
     from .wan import LinkProcess, route_lab_peer, through
     sb = lab.sites["b"]
     with LinkProcess(args.link, [sb.sshd_port, rsite.port]) as link:
-        route_lab_peer(lab.sites["a"], "b", sb.sshd_port, link.ports[0])
+        route_lab_peer(lab.sites["a"], "b", sb.sshd_port, link.ports[0], link_rate=args.link.rate)
         yield through(rsite, link.ports[1])
 
 

@@ -83,15 +83,18 @@ def through(site, port: int):
     return dataclasses.replace(site, port=port, known_hosts=kh)
 
 
-def route_lab_peer(site, peer: str, old_port: int, new_port: int) -> None:
+def route_lab_peer(site, peer: str, old_port: int, new_port: int, *, link_rate: float = 0.0) -> None:
     """Make a drsvc_lab site dial its peer *peer* at *new_port*: the [peers.<peer>] port
-    of its config and the port its known_hosts pins the peer's host key at."""
+    of its config and the port its known_hosts pins the peer's host key at; *link_rate*
+    (bytes/s) sets the peer's ``link_rate``, as the README tells operators to."""
     cfg = Path(site.config_path)
     text = cfg.read_text()
     block = re.search(rf"\[peers\.{re.escape(peer)}\]\n(?:[^\[].*\n)*", text)
     if block is None or f"port = {old_port}\n" not in block.group(0):
         raise ValueError(f"{cfg} has no [peers.{peer}] at port {old_port}")
     routed = block.group(0).replace(f"port = {old_port}\n", f"port = {new_port}\n")
+    if link_rate:
+        routed = routed.replace(f"port = {new_port}\n", f"port = {new_port}\nlink_rate = {int(link_rate)}\n")
     cfg.write_text(text[:block.start()] + routed + text[block.end():])
     kh = Path(re.search(r'known_hosts = "([^"]+)"', routed).group(1))
     kh.write_text(kh.read_text().replace(f"]:{old_port} ", f"]:{new_port} "))

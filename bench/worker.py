@@ -33,7 +33,10 @@ def serve(args) -> None:
     from drsvc.replication import sync_unit
     from drsvc.transport.ssh import SshPeer
     from drsvc.replication import remote
+    from drsvc.transport import LinkHints
     peer = SshPeer("127.0.0.1", port=args.port, key_file=args.key, known_hosts=args.known_hosts)
+    if args.link_rate:
+        peer.link = LinkHints(rate=args.link_rate)       # the [peers.X] link_rate an operator sets
     t = time.monotonic()
     warmed = remote.warm(peer)["warm"]      # as workers.main.keep_peers_warm does at start
     warm = {"s": round(time.monotonic() - t, 3), "receivers": {str(k): v for k, v in warmed.items()},
@@ -62,8 +65,8 @@ def serve(args) -> None:
 class SyncWorker:
     """The parent's handle on a bench worker process (a context manager)."""
 
-    def __init__(self, site, sock_dir: Path):
-        self.site = site
+    def __init__(self, site, sock_dir: Path, *, link_rate: float = 0.0):
+        self.site, self.link_rate = site, link_rate
         self.path = Path(sock_dir) / f"worker-{os.getpid()}-{time.monotonic_ns()}.sock"
         self.proc = None
         self.f = None
@@ -71,7 +74,8 @@ class SyncWorker:
     def __enter__(self) -> SyncWorker:
         self.proc = runner.spawn([sys.executable, "-m", "bench.worker", "--socket", self.path,
                                   "--port", self.site.port, "--key", self.site.client_key,
-                                  "--known-hosts", self.site.known_hosts], cwd=REPO)
+                                  "--known-hosts", self.site.known_hosts,
+                                  "--link-rate", str(self.link_rate)], cwd=REPO)
         deadline = time.monotonic() + 60
         s = socket.socket(socket.AF_UNIX)
         while True:
@@ -121,6 +125,7 @@ def main(argv=None) -> int:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--key", required=True)
     ap.add_argument("--known-hosts", required=True)
+    ap.add_argument("--link-rate", type=float, default=0.0, help="the peer's link_rate (bytes/s; 0: unset)")
     serve(ap.parse_args(argv))
     return 0
 
@@ -136,7 +141,8 @@ def case_worker(ctx, res):
     stripe), then a sync of the warm-up unit (untimed); the peak RSS of the worker and of
     the receivers serving it go to *res*."""
     from .rss import PeakRss, receiver_of
-    with PeakRss(receiver_of(ctx.b)) as rr, SyncWorker(ctx.site, ctx.tmp) as w:
+    rate = ctx.link.rate if ctx.link is not None else 0.0     # set as the README tells operators to
+    with PeakRss(receiver_of(ctx.b)) as rr, SyncWorker(ctx.site, ctx.tmp, link_rate=rate) as w:
         res.extra["warm"] = w.warm
         out = w.sync(ctx.a, ctx.warmup_unit)
         res.extra["warmup_connect_s"] = round(out["report"]["phases"].get("connect_s", 0.0), 4)

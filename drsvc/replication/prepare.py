@@ -8,6 +8,7 @@ generation's image and block map (delta), or the peer's block map (compare).
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import os
@@ -83,14 +84,17 @@ class Baseline:
 
 def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int, txid: str,
             target: int, base_generation: int, mode: str, peer_maps: dict | None = None,
-            cut: Cut | None = None, sources: dict | None = None, pipelined: bool = False) -> Prepared:
+            cut: Cut | None = None, sources: dict | None = None, pipelined: bool = False,
+            wire_rate: float = 0.0) -> Prepared:
     """Capture and plan one generation into a private directory. cut: the group spans
     storage nodes (``replication.cut``): the capture meets the other nodes frozen.
     sources: capture these files instead of the live images (a CSI snapshot's).
     pipelined: when every member's plan reads its whole image against nothing
     (``_replannable``), record the intent and return once the capture is done, the plan being
     written on a thread (``Prepared.planning``); its entries can be sent as they come, and
-    ``meta["estimate"]`` bounds the bytes it will plan."""
+    ``meta["estimate"]`` bounds the bytes it will plan. A delta is pipelined too when its
+    estimate takes at least PIPELINE_WIRE_S on the wire at *wire_rate* (bytes/s, 0: unknown):
+    its plan's cold reads then hide behind the link (``_wire_bound``)."""
     tmp = layout.snap_root(st.unit_id) / f"tmp-{txid}"
     t0 = time.monotonic()
     captured_at = time.time()          # the origin's capture instant (receive records, data age)
@@ -113,15 +117,19 @@ def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int,
             "ranges_cloned": sum(c.cloned for c in captured.values()),
             "captured_at": timings.get("frozen_at", captured_at), "sources": bool(sources),
             "estimate": sum(_estimate(captured[m["volume_id"]], m) for m in heads)}
-    if pipelined and _replannable(tmp, captured, heads, mode):
+    replannable = pipelined and _replannable(tmp, captured, heads, mode)
+    if replannable or (pipelined and mode == "delta" and _wire_bound(meta["estimate"], wire_rate)):
         # The intent first (snap/<G+1>, its plan not yet whole): records may leave before the
-        # plan is, and a sender that dies meanwhile re-plans this generation from its captured
-        # images at the next sync (``replan``) and resumes it, with what landed kept.
-        meta["replan"] = True
+        # plan is. A sender that dies meanwhile leaves it to the next sync: a whole-image plan
+        # is planned again from its captured images (``replan``) and resumed, with what landed
+        # kept; a delta's is dropped (its trailer never left, so the peer cannot have
+        # committed it) and the next sync captures afresh.
+        meta["replan"] = replannable
         store.write_doc(tmp / "meta.json", meta)
         prepared = mark_intent(layout, st.unit_id, Prepared(tmp, meta))
-        whole = _whole_captures(prepared.dir, heads)
-        prepared.planning = Planning(lambda feed: _plan_all(prepared.dir, meta, whole, baseline, feed),
+        caps = (_whole_captures(prepared.dir, heads) if replannable
+                else _moved([captured[vol] for vol in members], tmp, prepared.dir))
+        prepared.planning = Planning(lambda feed: _plan_all(prepared.dir, meta, caps, baseline, feed),
                                      f"plan-{st.unit_id}")
         return prepared
     _plan_all(tmp, meta, [captured[vol] for vol in members], baseline)
@@ -161,6 +169,24 @@ def _replannable(tmp: Path, captured: dict[str, Captured], heads: list[dict], mo
         for h in heads)
 
 
+# A delta is pipelined when its records take at least this long on the wire at the rate the
+# config states: at 100 Mbit/s, 1% of 1 GiB (0.84 s) is; at 1 Gbit/s it (0.08 s) is not, and
+# planned first as before (see _replannable for what pipelining a fast link's delta cost).
+PIPELINE_WIRE_S = 0.25
+
+
+def _wire_bound(estimate: int, rate: float) -> bool:
+    """Whether a delta of at most *estimate* bytes is bound by the link, not by its plan's
+    reads: its bytes take PIPELINE_WIRE_S or more at *rate* (bytes/s). An unknown rate
+    (0: no ``link_rate``, no bandwidth limit) never is: a LAN plans first."""
+    return rate > 0 and estimate / rate >= PIPELINE_WIRE_S
+
+
+def _moved(caps: list[Captured], old: Path, new: Path) -> list[Captured]:
+    """The captures of a prepared directory renamed from *old* to *new* (``mark_intent``)."""
+    return [dataclasses.replace(c, path=new / c.path.name) if c.path.parent == old else c for c in caps]
+
+
 def _whole_captures(d: Path, heads: list[dict]) -> list[Captured]:
     return [Captured(h["volume_id"], d / f"{h['volume_id']}.img", h["reflinked"]) for h in heads]
 
@@ -173,7 +199,12 @@ def replan(layout: PoolLayout, st: UnitState) -> Prepared | None:
     its plan was never whole, so the peer cannot have committed it)."""
     d = layout.snap_dir(st.unit_id, st.generation + 1)
     meta = store.read_doc(d / "meta.json")
-    if not meta or meta.get("complete") or not meta.get("replan"):
+    if not meta or meta.get("complete"):
+        return None
+    if not meta.get("replan"):
+        # a pipelined delta whose sender stopped mid-plan: the sweep drops it
+        log.info("%s: generation %s was not planned whole before its sender stopped; dropped",
+                 st.unit_id, meta.get("generation"))
         return None
     baseline = Baseline(layout, st, meta["mode"], meta["block_size"], None)
     heads = meta["members"]

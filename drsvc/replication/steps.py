@@ -21,7 +21,7 @@ from .. import store
 from ..errors import PeerUnreachable, RoundAborted
 from ..transport.bandwidth import rate_of
 from . import health
-from .driver import Attempt, Refused
+from .driver import Attempt, Job, Refused
 from .faults import failpoint
 from .generation import Prepared
 from .prepare import prepare
@@ -42,7 +42,14 @@ def prepare_delta(a: Attempt, *, pipelined: bool = False) -> Prepared:
     """The next generation, planned against the acked base (pipelined: still planning when
     returned, ``prepare.prepare``)."""
     return prepare_for(a, txid=uuid.uuid4().hex, target=a.st.generation + 1,
-                       base_generation=a.st.generation, mode="delta", pipelined=pipelined)
+                       base_generation=a.st.generation, mode="delta", pipelined=pipelined,
+                       wire_rate=wire_rate(a.job) if pipelined else 0.0)
+
+
+def wire_rate(j: Job) -> float:
+    """The rate the config says the sync's records cross the link at (bytes/s; 0: unknown):
+    the peer's ``link_rate``, else the sync's bandwidth limit, as stripes are sized."""
+    return float((j.link or j.peer.link).rate or rate_of(j.bandwidth) or 0.0)
 
 
 class Step:

@@ -334,3 +334,51 @@ def test_kill_sender_mid_plan_of_a_generation_on_the_wire(xfs_mod):
     for v in vols:
         assert sha(b / "images" / f"{v}.img") == sha(a / "images" / f"{v}.img")
 
+
+GROUP_DELTA_SENDER = """
+import sys
+from drsvc.replication import sync_unit
+from drsvc.transport.local import LocalPeer
+sync_unit(sys.argv[1], "g", ["v", "w"], LocalPeer(sys.argv[2]), bwlimit=float(sys.argv[3]))
+"""
+
+
+def test_a_link_bound_delta_is_pipelined_and_dropped_when_its_sender_dies_mid_plan(xfs_mod):
+    """A delta whose bytes take long on the wire at the rate the config states (here the
+    sync's bandwidth limit) leaves while its plan still reads the changed blocks, as a first
+    copy does. Its plan cannot be made again from what was captured (a delta's overlay
+    depends on the base), so a sender killed between two members' plans leaves an intent
+    the next sync drops: the peer committed nothing of it, and the next sync sends a fresh
+    generation that makes both images equal. Without a rate, a delta is planned first."""
+    a, b = new_sites(xfs_mod)
+    rnd = random.Random(0xDE17A)
+    vols = ("v", "w")
+    imgs = {v: a / "images" / f"{v}.img" for v in vols}
+    for v in vols:
+        make_image(imgs[v], IMG, [(0, os.urandom(IMG))])
+    peer = LocalPeer(b)
+    assert sync_unit(a, "g", list(vols), peer).target_generation == 1
+    for v in vols:
+        _change(imgs[v], rnd, 2 * MiB)
+    r = sync_unit(a, "g", list(vols), peer)
+    assert not r.pipelined, "no rate configured: the delta is planned before it is sent"
+    for v in vols:
+        _change(imgs[v], rnd, 2 * MiB)
+    r = sync_unit(a, "g", list(vols), peer, bwlimit=8 * MiB)     # ~4 MiB at 8 MiB/s: 0.5 s on the wire
+    assert r.pipelined and r.target_generation == 3, r
+    for v in vols:
+        assert sha(b / "images" / f"{v}.img") == sha(imgs[v])
+
+    for v in vols:
+        _change(imgs[v], rnd, 2 * MiB)
+    p = subprocess.Popen([sys.executable, "-c", GROUP_DELTA_SENDER, str(a), str(b), str(8 * MiB)],
+                         stderr=subprocess.DEVNULL, env=dict(os.environ, DRSVC_FAILPOINTS="sender.mid_plan"))
+    assert p.wait(timeout=120) == -signal.SIGKILL
+    intent = store.read_doc(PoolLayout(a).snap_dir("g", 4) / "meta.json")
+    assert intent is not None and not intent["replan"] and not intent.get("complete"), intent
+    assert peer_status(peer, "g")["generation"] == 3
+    r = sync_unit(a, "g", list(vols), peer)
+    assert r.steps == ["sync"] and r.target_generation == 4 and not r.resumed, r.steps
+    for v in vols:
+        assert sha(b / "images" / f"{v}.img") == sha(imgs[v])
+    assert replica_maps(b, "g") in ("exact", "unused")
