@@ -14,8 +14,8 @@ from pathlib import Path
 from ..config import SiteConfig
 from ..dispatch import Dispatcher
 from ..layout import PoolLayout
-from ..errors import (BrokerUnreachable, DrsvcError, NeedsResync, NotSecondary, OperationInProgress, PeerNotDemoted,
-                      PeerNotRecorded, SplitBrain)
+from ..errors import (BrokerUnreachable, DrsvcError, NeedsResync, NotGroupConsistent, NotSecondary,
+                      OperationInProgress, PeerNotDemoted, PeerNotRecorded, SplitBrain)
 from ..retention import DEFAULT_GRID
 from ..transport import Peer
 from ..transport.bandwidth import LocalBandwidth, SiteBandwidth, TokenBucket, combine
@@ -226,7 +226,13 @@ class ReplicationJobs:
         running holds the unit's lock: it has the priority too (the lease names the unit), and
         the final sync waits for it, up to half the visibility timeout (at most a minute; then
         OperationInProgress, ABORTED, and the CO's retry joins). Syncs queued for later find
-        the unit secondary and skip."""
+        the unit secondary and skip.
+
+        A part of a group spanning nodes whose cut was not met (``NotGroupConsistent``:
+        another part did not freeze within the cut's wait, as when it waits for its own
+        running sync) cut nothing, and tries again within the same deadline: the other part
+        retries too, and they meet. Giving up there would demote without a final sync, and
+        turn a planned failover into a forced one."""
         deadline = time.monotonic() + min(60.0, self.cfg.visibility_timeout / 2)
         while True:
             try:
@@ -235,6 +241,10 @@ class ReplicationJobs:
                 if time.monotonic() >= deadline:
                     raise
                 time.sleep(0.1)
+            except NotGroupConsistent as e:
+                if time.monotonic() >= deadline:
+                    raise
+                log.info("final sync of %s: %s; trying the cut again", c.unit_id, e.message)
 
     def run_promote(self, unit_id: str, *, force: bool = False, point: int | None = None) -> dict:
         from .pointrestore import take_over

@@ -20,7 +20,10 @@ def test_points_bench_reports_every_figure(capsys):
     load = r["load"]
     assert load["syncs"] >= 2 and load["points_kept"] >= 2
     assert load["sync_s"]["with_retention"] > 0 and load["sync_s"]["without_retention"] > 0
-    assert set(load["points_cost_s"]) == {"prune_s", "undo_s", "index_s"}
+    costs = load["points_cost_s"]
+    assert set(costs) == {"prune_s", "fold_s", "remove_s", "undo_s", "index_s"}
+    # the folds and the removal are parts of each sync's pruning, so of its largest too
+    assert all(costs[k]["max"] <= costs["prune_s"]["max"] for k in ("fold_s", "remove_s")), costs
     assert 0.95 <= load["space"]["ratio"] <= 1.05, load["space"]
     assert r["many"]["points"] == 12 and r["many"]["list_s"]["median"] > 0
     assert r["many"]["pruned_per_sync"] == 1 and r["many"]["prune_s_per_sync"]["median"] > 0

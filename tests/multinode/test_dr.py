@@ -312,3 +312,53 @@ def test_group_spanning_nodes_fails_over_and_back_consistently(two):
     # committed a round the other is about to (CI saw 9 and 10 once); they meet at once
     wait_for(lambda: len({gen(two, "a", n, gid) for n in two.nodes}) == 1, 30,
              what="both parts of the replica at one generation")
+
+
+def test_a_spanning_groups_demote_waits_out_a_part_held_by_its_own_sync(two):
+    """A Demote of a group spanning nodes while one node's part is held by a sync of its own
+    (its lock taken here for 7 s, longer than a cut's 5 s freeze wait): the other part's cut
+    is not met, and it tries again within the final sync's deadline instead of demoting
+    without a final sync. The parts meet once the held one is free, the final round carries
+    the demotion to both peer nodes, and b promotes without force. (CI at load 13 saw a
+    failback's Promote refused with "the peer has not demoted" after a Demote whose final
+    round failed that way.)"""
+    import threading
+    import time
+
+    from csi_plugin.gen import volumegroup_pb2
+    from drsvc import store
+    from drsvc.replication.layout import PoolLayout
+    A, B = two.clients["a"], two.clients["b"]
+    vols = {on(A, "held-1", "n1"): "n1", on(A, "held-2", "n2"): "n2"}
+    gid = A.groups.CreateVolumeGroup(volumegroup_pb2.CreateVolumeGroupRequest(
+        name="held", volume_ids=list(vols))).volume_group.volume_group_id
+    for v, n in vols.items():
+        write_random(at(two, "a", n), v, seed=31)
+    A.retry("EnableVolumeReplication", group_id=gid, parameters={"schedulingInterval": "1h"})
+    wait_for(lambda: all(gen(two, "b", n, gid) >= 1 for n in two.nodes), 90, what="the group's first round")
+    for v, n in vols.items():
+        write_random(at(two, "a", n), v, count=4, seed=32)
+
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with store.file_lock(PoolLayout(two.pool("n1", "a")).lock_path(gid), key=gid):
+            held.set()
+            release.wait(7.0)
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        assert held.wait(30)
+        t0 = time.monotonic()
+        A.retry("DemoteVolume", group_id=gid)
+        took = time.monotonic() - t0
+    finally:
+        release.set()
+        t.join()
+    assert took >= 5.0, took         # it did wait for the held part
+    for n in two.nodes:
+        st = find_state(two.pool(n, "a"), gid)
+        assert st.role == "secondary" and not st.diverged, (n, st)
+    B.retry("PromoteVolume", group_id=gid)
+    for v, n in vols.items():
+        assert image_sha(at(two, "a", n), v) == image_sha(at(two, "b", n), v)
