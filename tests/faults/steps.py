@@ -220,6 +220,16 @@ def sync_now(client, unit_id: str, wait: float = 30):
 TRANSIENT = (grpc.StatusCode.ABORTED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
+def _transient(e: grpc.RpcError) -> bool:
+    """In progress, or the server (or its Redis) away. The replication seed's tables have
+    no UNAVAILABLE, so a replication RPC that lost this site's Redis (BrokerUnreachable)
+    answers UNKNOWN, saying so; the csi-addons controllers requeue on any error
+    (internal/controller/replication.storage/volumereplication_controller.go), so a CO
+    asks again there too."""
+    return e.code() in TRANSIENT or (e.code() == grpc.StatusCode.UNKNOWN
+                                     and "Redis is unreachable" in (e.details() or ""))
+
+
 def reissue(fn, *, timeout=90, what="the RPC"):
     """Repeat an RPC as a CO does after a restart: while it is in progress or the
     server is away. Any other error is the answer."""
@@ -228,7 +238,7 @@ def reissue(fn, *, timeout=90, what="the RPC"):
         try:
             return fn()
         except grpc.RpcError as e:
-            if e.code() not in TRANSIENT or time.monotonic() > deadline:
+            if not _transient(e) or time.monotonic() > deadline:
                 raise AssertionError(f"{what}: {e.code()} {e.details()}") from None
             time.sleep(0.3)
 

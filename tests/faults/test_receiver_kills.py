@@ -9,12 +9,14 @@ import threading
 import time
 
 import pytest
+import redis
 
 from drsvc.errors import DrsvcError
 from drsvc.replication import peer_status, sync_unit
 from drsvc.replication.layout import PoolLayout
 from drsvc.replication.snapstore import generation_image
 from tests.dr.helpers import generation, wait_for, write_random
+from workers import inflight
 
 from .steps import (MiB, engine_volume, Generations, check_converged, file_sha, kill_receivers, peer_of, receiver_pids,
                     set_receiver_failpoints, sync_now)
@@ -124,7 +126,12 @@ def worker_path_kills(lab, rnd, rounds):
     gens.record(sa, vol)
     A.retry("EnableVolumeReplication", volume_id=vol, parameters={"schedulingInterval": "1h"})
     wait_for(lambda: generation(sa, vol) >= 1, 60, what="initial sync")
+    r = redis.Redis(port=sa.redis_port, password=lab.redis_password, socket_timeout=10)
     for _ in range(rounds):
+        # the last round's retried sync recorded its generation before its task let the
+        # unit's claim go; a SyncNow asked meanwhile is answered ABORTED and runs nothing
+        # (CI at load 13 then waited 90 s for a failure that could not come)
+        wait_for(lambda: inflight.holder(r, "a", vol) is None, 60, what="the last round's task to let the unit go")
         ctl = PoolLayout(sa.pool).unit_dir(vol) / "control.json"
         failures = _failures(ctl)
         write_random(sa, vol, count=rnd.randint(1, 16), seed=rnd.random())
