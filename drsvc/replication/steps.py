@@ -27,6 +27,7 @@ from .generation import Prepared
 from .prepare import prepare
 from .snapstore import adopt, mark_intent
 from .stream import stream
+from .striping import stated_rate
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ def prepare_delta(a: Attempt, *, pipelined: bool = False) -> Prepared:
 def wire_rate(j: Job) -> float:
     """The rate the config says the sync's records cross the link at (bytes/s; 0: unknown):
     the peer's ``link_rate``, else the sync's bandwidth limit, as stripes are sized."""
-    return float((j.link or j.peer.link).rate or rate_of(j.bandwidth) or 0.0)
+    return stated_rate(j.link or j.peer.link, rate_of(j.bandwidth))
 
 
 class Step:

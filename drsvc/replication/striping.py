@@ -24,12 +24,18 @@ HEADROOM = 1.25              # stripes beyond the bandwidth-delay product: windo
 MIN_PER_STRIPE = 1 << 20     # never a stripe for less than this much of the plan
 
 
+def stated_rate(link: LinkHints, bwlimit: float | None = None) -> float:
+    """The path's rate as the config states it (bytes/s; 0: not stated): the peer's
+    ``link_rate``, else the sync's bandwidth limit."""
+    return float(link.rate or bwlimit or 0.0)
+
+
 def stripe_count(planned: int, *, rtt: float | None, link: LinkHints, bwlimit: float | None = None) -> int:
     """How many channels (the master included) a transaction of *planned* bytes takes."""
     if link.stripes:
         return max(1, min(link.stripes, link.max_stripes or link.stripes))
     if planned <= link.window or not rtt or link.max_stripes <= 1:
         return 1
-    rate = link.rate or bwlimit or DEFAULT_RATE
+    rate = stated_rate(link, bwlimit) or DEFAULT_RATE
     n = math.ceil(HEADROOM * rate * rtt / link.window)
     return max(1, min(n, link.max_stripes, max(1, planned // MIN_PER_STRIPE)))
