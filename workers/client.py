@@ -36,9 +36,10 @@ class CeleryDispatcher:
                            queue=self.queue(op))
         return task_id
 
-    def cut(self, group_id: str, nodes) -> RedisCut:
-        """How this node's part of *group_id* (members on *nodes*) meets the others."""
-        return RedisCut(self.redis, self.cfg.site, group_id, self.cfg.node_id, nodes)
+    def cut(self, group_id: str, nodes, *, demote: bool = False) -> RedisCut:
+        """How this node's part of *group_id* (members on *nodes*) meets the others; demote:
+        for a Demote's final round, which meets only the others' final rounds."""
+        return RedisCut(self.redis, self.cfg.site, group_id, self.cfg.node_id, nodes, demote=demote)
 
     def bandwidth(self) -> RedisBandwidth:
         """The site's bandwidth caps (drsvc.transport.bandwidth.SiteBandwidth), one per process.
@@ -236,17 +237,25 @@ class RedisCut:
     """drsvc.replication.cut.Cut in the site's Redis, for one node's part of a group.
 
     Keys (``drsvc:<site>:cut:``…): ``open:<group>:<epoch>:<gen>`` points at the round
-    being cut; ``round:<id>:frozen`` / ``:cut`` (passed|failed) the meeting;
-    ``round:<id>:prepared`` the votes and ``round:<id>:decision`` (commit|abort), set
-    once and kept a week, so a part that crashed settles the round at its next sync."""
+    being cut (``…:demote`` for a Demote's final round); ``round:<id>:frozen`` / ``:cut``
+    (passed|failed) the meeting; ``round:<id>:prepared`` the votes and
+    ``round:<id>:decision`` (commit|abort), set once and kept a week, so a part that
+    crashed settles the round at its next sync.
+
+    demote: this part's round is a Demote's final round. It meets only the other parts'
+    final rounds: met by another part's scheduled round, the round would carry the
+    demotion mark to one peer node alone, and the other part's final round would find no
+    one left to meet. While it waits it raises ``demoting:<group>:<epoch>``, and a
+    scheduled round waiting at the same cut gives way at once (its part's final round
+    is queued behind it)."""
 
     FREEZE_WAIT = 5.0           # the longest a part holds its freeze waiting for the others
     VOTE_WAIT = 300.0           # the longest a prepared part waits for the slowest stream
     KEEP = 7 * 86400
 
     def __init__(self, r: redis.Redis, site: str, group_id: str, node: str, nodes, *,
-                 freeze_wait: float | None = None, vote_wait: float | None = None):
-        self.r, self.group_id, self.node = r, group_id, node
+                 freeze_wait: float | None = None, vote_wait: float | None = None, demote: bool = False):
+        self.r, self.group_id, self.node, self.demote = r, group_id, node, demote
         self.parts = len(set(nodes))
         self.prefix = f"drsvc:{site}:cut:"
         self.freeze_wait = self.FREEZE_WAIT if freeze_wait is None else freeze_wait
@@ -262,21 +271,27 @@ class RedisCut:
             raise BrokerUnreachable(reason=type(e).__name__) from None
 
     def frozen(self, epoch: int, generation: int) -> str:
-        opening = f"{self.prefix}open:{self.group_id}:{epoch}:{generation}"
+        opening = f"{self.prefix}open:{self.group_id}:{epoch}:{generation}" + (":demote" if self.demote else "")
+        demoting = f"{self.prefix}demoting:{self.group_id}:{epoch}"
+        if self.demote:
+            self._redis(self.r.set, demoting, self.node, ex=max(1, int(self.freeze_wait) + 1))
         rid = self._redis(self.r.eval, _JOIN, 1, opening, uuid.uuid4().hex, self.node, self.parts,
                           f"{self.prefix}round:")
         rid = rid.decode() if isinstance(rid, bytes) else rid
         state_key = f"{self._round(rid)}:cut"
         deadline = time.monotonic() + self.freeze_wait
+        reason = f"not every node of group {self.group_id} froze its members within {self.freeze_wait:.0f}s"
         while True:
-            state = self._redis(self.r.get, state_key)
+            state, demoted_by = self._redis(self.r.mget, state_key, demoting)
+            if state is None and not self.demote and demoted_by is not None:
+                reason = f"a Demote of group {self.group_id} is cutting its final round on {demoted_by.decode()}"
+                state = self._redis(self.r.eval, _GIVE_UP, 2, opening, state_key, rid)
             if state is None and time.monotonic() > deadline:
                 state = self._redis(self.r.eval, _GIVE_UP, 2, opening, state_key, rid)
             if state == b"passed":
                 return rid
             if state == b"failed":
-                raise NotGroupConsistent(reason=f"not every node of group {self.group_id} froze its members "
-                                                f"within {self.freeze_wait:.0f}s; nothing was cut")
+                raise NotGroupConsistent(reason=f"{reason}; nothing was cut")
             time.sleep(0.002)
 
     def vote(self, round_id: str) -> bool:

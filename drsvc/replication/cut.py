@@ -9,7 +9,9 @@ comes from the unit id) or by the same control call (demote):
 1. **Cut.** Each part freezes its mounted members and calls :meth:`Cut.frozen`,
    which returns once every part is frozen (the round's id), or raises
    ``NotGroupConsistent`` after a short wait; only then does any part clone.
-   Every part's generation holds the same instant.
+   Every part's generation holds the same instant. A Demote's final round meets
+   only the other parts' final rounds (never a scheduled round that happens to be
+   at the same generation), so the demotion mark reaches every peer node or none.
 2. **Prepare.** Each part streams its delta as a two-phase transaction: the
    peer node journals it durably and votes (``prepared``) instead of applying.
 3. **Decide.** :meth:`Cut.vote` records the vote; once every part voted the

@@ -76,15 +76,16 @@ class ReplicationJobs:
         nc = self.cfg.nodes.get(node)
         return nc.replica_node if nc is not None else node
 
-    def _cut(self, c: Control):
-        """How this node's part of a group spanning storage nodes meets the others, or None."""
+    def _cut(self, c: Control, *, demote: bool = False):
+        """How this node's part of a group spanning storage nodes meets the others, or None;
+        demote: a Demote's final round, which meets only the others' final rounds."""
         if c.kind != "group" or (g := self.groups.find(c.unit_id)) is None or len(g.nodes) < 2:
             return None
         make = getattr(self.dispatcher, "cut", None)
         if make is None:
             raise BrokerUnreachable(reason=f"group {c.unit_id} spans nodes {g.nodes}: its syncs need the "
                                            "site's Redis to meet")
-        return make(c.unit_id, g.nodes)
+        return make(c.unit_id, g.nodes, demote=demote)
 
     def _site_bandwidth(self) -> SiteBandwidth:
         """The site's caps (``bwlimit``): in the site's Redis when the dispatcher has one
@@ -140,7 +141,7 @@ class ReplicationJobs:
         peer = None
         try:
             peer = self.peers(c.peer)
-            cut = self._cut(c)
+            cut = self._cut(c, demote=demote)
             ships = shipsnap.candidates(self.volumes, c.kind, members) if cut is None else []
             for ship in shipsnap.pending(ships, c.snapshots_shipped):
                 # a CSI snapshot first, as a generation of its own: a pinned point at the peer

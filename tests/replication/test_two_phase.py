@@ -54,12 +54,12 @@ def part(span, node, **kw):
                      LocalPeer(span["pools"]["b", node], name=f"b-{node}"), kind="group", **kw)
 
 
-def both(span, **kw):
+def both(span, demote=False, **kw):
     out, errs = {}, {}
 
     def run(n):
         try:
-            out[n] = part(span, n, cut=cut(span, n, **kw))
+            out[n] = part(span, n, demote=demote, cut=cut(span, n, demote=demote, **kw))
         except Exception as e:  # noqa: BLE001 - compared by the test
             errs[n] = e
     threads = [threading.Thread(target=run, args=(n,)) for n in NODES]
@@ -123,7 +123,7 @@ def _kill_after_vote(span, node):
     """Run *node*'s part in its own process, SIGKILLed between its vote and the decision."""
     code = (f"import redis; from workers.client import RedisCut; from drsvc.replication import sync_unit; "
             f"from drsvc.transport.local import LocalPeer; "
-            f"c = RedisCut(redis.Redis(port={span['port']}), 'a', {GROUP!r}, {node!r}, {list(NODES)!r}); "
+            f"c = RedisCut(redis.Redis(port={span['port']}), 'a', {GROUP!r}, {node!r}, {list(NODES)!r}, freeze_wait=60); "
             f"sync_unit({str(span['pools']['a', node])!r}, {GROUP!r}, [{span['vols'][node]!r}], "
             f"LocalPeer({str(span['pools']['b', node])!r}), kind='group', cut=c)")
     return subprocess.Popen([sys.executable, "-c", code], cwd=REPO,
@@ -135,7 +135,8 @@ def _crash_round(span):
     for n in NODES:
         write_at(span["pools"]["a", n] / "images" / f"{span['vols'][n]}.img", 2 * MiB, os.urandom(16384))
     proc = _kill_after_vote(span, "n1")
-    part(span, "n2", cut=cut(span, "n2"))
+    # n2 waits for n1's process, which under load may take longer than the default 5 s to start
+    part(span, "n2", cut=cut(span, "n2", freeze_wait=60))
     assert proc.wait(60) == -9
     assert gens(span, "b") == {"n1": 1, "n2": 2}
     prepared = round_state(PoolLayout(span["pools"]["b", "n1"]), GROUP)["prepared"]
@@ -199,3 +200,34 @@ def test_a_receiver_killed_in_the_two_phase_commit_loses_nothing(span, point):
     assert gens(span, "a") == gens(span, "b")
     assert len(set(gens(span, "b").values())) == 1
     same(span)
+
+
+def test_a_demotes_final_round_never_meets_a_scheduled_round(span):
+    """A Demote's final round (every part with ``demote``) meets only the other parts'
+    final rounds. Were it to meet a scheduled round of another part at the same generation,
+    the round would commit with the demotion mark at one peer node only, and that part's
+    own final round would then find no one to meet: the planned failover would end diverged
+    (the multi-node failback CI saw: "the peer has not demoted n1.grp-… at generation 6")."""
+    assert not both(span)[1]
+    for n in NODES:
+        write_at(span["pools"]["a", n] / "images" / f"{span['vols'][n]}.img", 2 * MiB, os.urandom(8192))
+    errs = {}
+
+    def run(n, demote):
+        try:
+            part(span, n, demote=demote, cut=cut(span, n, demote=demote, freeze_wait=1.0))
+        except Exception as e:  # noqa: BLE001 - compared by the test
+            errs[n] = e
+    threads = [threading.Thread(target=run, args=("n1", True)), threading.Thread(target=run, args=("n2", False))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert isinstance(errs.get("n1"), NotGroupConsistent), errs
+    assert isinstance(errs.get("n2"), NotGroupConsistent), errs
+    assert "a Demote of group" in str(errs["n2"]), errs      # it gave way, not timed out
+    assert gens(span, "b") == {"n1": 1, "n2": 1}
+    # the scheduled round gives way at once to a Demote being cut, and the final rounds meet
+    out, errs = both(span, demote=True, freeze_wait=30)
+    assert not errs, errs
+    assert {n: find_state(span["pools"]["b", n], GROUP).peer_demoted_at for n in NODES} == {"n1": 2, "n2": 2}
