@@ -40,6 +40,7 @@ class UnitLock:
     def __enter__(self):
         self.layout.ensure_unit_dir(self.unit_id)
         deadline = time.monotonic() + LOCK_WAIT
+        pause = 0.001
         while True:
             cm = store.file_lock(self.layout.lock_path(self.unit_id), blocking=False, key=self.unit_id)
             try:
@@ -51,7 +52,10 @@ class UnitLock:
                     raise ReplicaIsPrimary(unit_id=self.unit_id) from None
                 if time.monotonic() > deadline:
                     raise
-                time.sleep(0.05)
+                # the holder is most often a receiver exiting just after its answer (a
+                # Promote right after the Demote's final sync): try again soon, then back off
+                time.sleep(pause)
+                pause = min(0.05, pause * 2)
 
     def _primary_here(self) -> bool:
         st = find_state(self.layout.root, self.unit_id)    # written whole (rename): a consistent read

@@ -5,17 +5,19 @@ on a filesystem without reflink. The peer is a real receiver process (local
 transport), or the real sshd for the SSH cases."""
 import os
 import random
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from drsvc import store
-from drsvc.errors import (NotPrimary, ReplicaIsPrimary, ReplicationConflict,
+from drsvc.errors import (NotPrimary, OperationInProgress, ReplicaIsPrimary, ReplicationConflict,
                           StaleEpoch)
 from drsvc.replication import peer_status, release_peer, sync_unit, verify_unit
 from drsvc.replication import state as rstate
 from drsvc.replication.layout import PoolLayout
+from drsvc.replication.remote import ApplySession
 from drsvc.transport.local import LocalPeer
 from tests.fixtures.maps import replica_maps
 from tests.fixtures.xfs import need
@@ -329,3 +331,46 @@ def test_verify_names_differing_ranges(xfs_mod):
     write_at(b / "images" / "v.img", 2 * MiB + 10, b"bitrot")
     rep = verify_unit(a, "v", peer)
     assert not rep.ok and rep.members["v"]["differs"] == [[2 * MiB, 4096]]
+
+
+def _unit_free(pool, unit_id: str, within: float = 0.0) -> bool:
+    """The unit's lock at *pool* can be taken (now, or within *within* seconds)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            with store.file_lock(PoolLayout(pool).lock_path(unit_id), blocking=False, key=unit_id):
+                return True
+        except OperationInProgress:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+
+
+def test_a_demotes_final_commit_frees_the_unit_before_the_senders_bye(xfs_mod, monkeypatch):
+    """The receiver holds the unit's lock through an apply conversation, to its ``bye``. After
+    a Demote's final transaction commits, nothing but the ``bye`` can come, and it comes half
+    a round trip later, after the sender's adopt: the receiver lets the lock go with its
+    ``committed``, so the Promote the CO sends next does not wait for it. The sender's
+    ``bye`` is held back here (its session's close) while the lock at b is tried."""
+    a, b = new_sites(xfs_mod)
+    img = a / "images" / "v.img"
+    make_image(img, 8 * MiB, [(0, os.urandom(MiB))])
+    peer = LocalPeer(b)
+    sync_unit(a, "v", ["v"], peer)
+    seen = []
+    close = ApplySession.close
+
+    def held_bye(session):
+        seen.append(_unit_free(b, "v", within=10.0 if demoting else 0.0))
+        close(session)
+    monkeypatch.setattr(ApplySession, "close", held_bye)
+    demoting = False
+    write_at(img, 0, os.urandom(8192))
+    sync_unit(a, "v", ["v"], peer)                 # a scheduled sync: held to its bye
+    assert seen == [False]
+    demoting = True
+    write_at(img, 4 * MiB, os.urandom(8192))
+    r = sync_unit(a, "v", ["v"], peer, demote=True)
+    assert seen == [False, True], seen
+    assert rstate.get_state(b, "v").peer_demoted_at == r.target_generation
+    assert sha(b / "images" / "v.img") == sha(img)
