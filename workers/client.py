@@ -283,10 +283,10 @@ class RedisCut:
         reason = f"not every node of group {self.group_id} froze its members within {self.freeze_wait:.0f}s"
         while True:
             state, demoted_by = self._redis(self.r.mget, state_key, demoting)
-            if state is None and not self.demote and demoted_by is not None:
-                reason = f"a Demote of group {self.group_id} is cutting its final round on {demoted_by.decode()}"
-                state = self._redis(self.r.eval, _GIVE_UP, 2, opening, state_key, rid)
-            if state is None and time.monotonic() > deadline:
+            give_way = demoted_by is not None and not self.demote
+            if state is None and (give_way or time.monotonic() > deadline):
+                if give_way:
+                    reason = f"a Demote of group {self.group_id} is cutting its final round on {demoted_by.decode()}"
                 state = self._redis(self.r.eval, _GIVE_UP, 2, opening, state_key, rid)
             if state == b"passed":
                 return rid

@@ -192,6 +192,7 @@ class Transaction:
         self.began = time.time()
         self.nbytes = 0          # frame bytes received, for the receive record
         self.refused = False     # one flight, refused: frames are read and dropped
+        self.committed = False   # applied and answered `committed` (one phase)
         self.stripes: Stripes | None = None
         self.begun = threading.Event()   # begin decided (journal ready, or refused): stripes may read
         self._lock = threading.Lock()
@@ -321,6 +322,7 @@ class Transaction:
         st = record_generation(self.layout, tx, began=self.began, nbytes=self.nbytes)
         failpoint("receiver.after_state")
         j.discard()
+        self.committed = True
         out.control({"type": "committed", "generation": st.generation, "txid": tx["txid"],
                      "epoch": st.epoch, "cloned_bytes": applied.cloned, "copied_bytes": applied.copied,
                      # the peer's share of the stream phase: making it durable, then applying

@@ -219,12 +219,10 @@ class ApplyConversation:
 
     def begin(self, msg: dict) -> None:
         self._unit(msg)
-        tx = parse_tx(msg)
-        self.journal = Transaction(self.layout, tx, self.journal).run(self.reader, self.out)
-        if tx["demote"] and not tx["two_phase"]:
-            st = find_state(self.layout.root, self.unit_id)
-            if st is not None and st.txid == tx["txid"]:     # committed, answered: nothing more comes
-                self._unlock()
+        t = Transaction(self.layout, parse_tx(msg), self.journal)
+        self.journal = t.run(self.reader, self.out)
+        if t.committed and t.tx["demote"]:      # nothing more comes but the bye
+            self._unlock()
 
     def decide(self, msg: dict) -> None:
         if self.unit_id is None or msg.get("unit") != self.unit_id:
