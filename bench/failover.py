@@ -96,6 +96,7 @@ def _failovers(args, rnd, lab, A: Calls, B: Calls, res: CaseResult) -> None:
         write_random(sa.pool / "images" / f"{vid}.img", size, rnd)
         A.timed("EnableVolumeReplication", volume_id=vid, parameters={"schedulingInterval": "1h"})
     _wait_synced(sa.pool, vids, 120 + len(vids) * size / MiB)
+    os.sync()       # the seed copies' writeback is done before any run is timed, not during the first
 
     def change(i):
         path = sa.pool / "images" / f"{vids[i]}.img"
