@@ -72,14 +72,21 @@ def commit_point_kills(lab, rnd, rounds):
 
 def apply_and_stream_kills(lab, rnd, rounds):
     """Half the kills wait for the commit marker (so they land inside the apply), half
-    hit a random instant of a throttled stream."""
+    hit a random instant of a throttled stream. The apply rounds write hundreds of scattered
+    4 KiB blocks, each copied into the image and kept in the recovery point's undo, so the
+    apply lasts long enough for a kill to land in it: with 256 KiB records (reflinked) it
+    took a few ms, and only a fresh receiver's lazy numpy import (now done ahead, at its
+    greeting) had kept it open."""
     sa, sb = lab.sites["a"], lab.sites["b"]
     vol, gens = engine_volume(lab, f"rk-{rnd.randrange(1 << 30)}", size=64 * MiB)
     commit = PoolLayout(sb.pool).journal_dir(vol) / "commit.json"
     in_apply = 0
     for i in range(rounds):
         during_apply = i % 2 == 0
-        write_random(sa, vol, count=rnd.randint(8, 48), size=256 << 10, seed=rnd.random())
+        if during_apply:
+            write_random(sa, vol, count=rnd.randint(600, 1500), size=4096, seed=rnd.random())
+        else:
+            write_random(sa, vol, count=rnd.randint(8, 48), size=256 << 10, seed=rnd.random())
         gens.record(sa, vol)
         before = generation(sb, vol)
         killed = []
