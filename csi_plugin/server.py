@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import threading
 from concurrent import futures
 from pathlib import Path
 
@@ -139,9 +138,7 @@ def main(argv=None) -> int:
         from workers.client import CeleryDispatcher
         from workers.titles import set_title
         set_title("plugin", cfg)
-        dispatcher = CeleryDispatcher(make_app(cfg))
-        threading.Thread(target=dispatcher.warm, name="drsvc-warm-dispatcher", daemon=True).start()
-        site = Site.from_config(cfg, dispatcher=dispatcher)
+        site = Site.from_config(cfg, dispatcher=CeleryDispatcher(make_app(cfg)))
         endpoint = args.endpoint or cfg.endpoint
     else:
         if not (args.pool and args.node_id):

@@ -1,7 +1,6 @@
 """Dispatcher over Celery: queue an operation on its queue (data or control) and wait, bounded."""
 from __future__ import annotations
 
-import logging
 import threading
 import time
 import uuid
@@ -18,8 +17,6 @@ from drsvc.errors import (BrokerUnreachable, DrsvcError, NodeUnreachable, NotGro
 from . import inflight
 from .bandwidth import RedisBandwidth, client
 
-log = logging.getLogger(__name__)
-
 
 class CeleryDispatcher:
     def __init__(self, app: Celery):
@@ -28,20 +25,6 @@ class CeleryDispatcher:
         self.redis = redis.Redis.from_url(self.cfg.redis_url, socket_timeout=10)
         self._bandwidth: RedisBandwidth | None = None
         self._bandwidth_lock = threading.Lock()
-
-    def warm(self) -> None:
-        """Build now what the first call would build on its way (run on a thread as the
-        process starts): Celery's result backend (found through the packages' entry points:
-        ~0.05 s here), the broker connection, and this dispatcher's Redis connection. A DR
-        site's plugin may dispatch nothing until its failover's Promote, which paid them all
-        (0.07 s, measured in the failover bench). What fails here the first call reports."""
-        try:
-            _ = self.app.backend
-            with self.app.producer_or_acquire() as producer:
-                producer.connection.ensure_connection(max_retries=1)
-            self.redis.ping()
-        except Exception as e:  # noqa: BLE001 - only a head start; the call itself reports
-            log.debug("dispatcher not warmed: %s", e)
 
     def queue(self, op: str) -> str:
         """The queue *op* goes to: control operations never wait behind syncs."""

@@ -16,7 +16,6 @@ from drsvc.replication import remote
 from drsvc.replication.peers import connect
 
 from .app import make_app
-from .tasks import warm_jobs
 from .titles import keep_worker_titles
 
 log = logging.getLogger("drsvc.worker")
@@ -56,7 +55,6 @@ def worker_main(argv=None) -> int:
     if args.role in ("data", "control"):
         keep_peers_warm(cfg)
         preload_engine()
-        build_jobs_ahead(app)
     app.worker_main(wargs)
     return 0
 
@@ -73,14 +71,6 @@ ENGINE_MODULES = ("drsvc.replication.sync", "drsvc.replication.takeover", "drsvc
 def preload_engine() -> None:
     for name in ENGINE_MODULES:
         importlib.import_module(name)
-
-
-def build_jobs_ahead(app) -> None:
-    """Each pool process builds its replication jobs on a thread as it starts
-    (``tasks.warm_jobs``), not in its first task."""
-    def on_child(**_):
-        threading.Thread(target=warm_jobs, args=(app,), name="drsvc-build-jobs", daemon=True).start()
-    signals.worker_process_init.connect(on_child, weak=False)
 
 
 WARM_EVERY = 300.0       # seconds; a warm receiver is dropped after remote.IDLE_TTL (600) unused

@@ -23,29 +23,17 @@ log = logging.getLogger(__name__)
 RELEASE_RETRY_S = 120.0   # how long a finished task keeps trying to drop its claim while Redis is away
 OPS = ("enable", "disable", "promote", "demote", "resync", "sync")
 _services: dict = {}
-_services_lock = threading.Lock()     # a pool process builds them on a thread as it starts (warm_jobs)
 
 
 def jobs_for(app):
     """The site's replication jobs (drsvc.replication.jobs), built once per worker process."""
     key = id(app)
-    with _services_lock:
-        if key not in _services:
-            from drsvc.site import Site
-            from .client import CeleryDispatcher
-            site = Site.from_config(app.drsvc_config, dispatcher=CeleryDispatcher(app))
-            _services[key] = site.replication.jobs
-        return _services[key]
-
-
-def warm_jobs(app) -> None:
-    """Build this process's jobs and warm their dispatcher, ahead of its first task: on a DR
-    site's control worker that is the failover's Promote, which paid ~0.1 s for them
-    (measured in the failover bench: jobs_for 0.097-0.102 s in each pool process's first task)."""
-    try:
-        jobs_for(app).dispatcher.warm()
-    except Exception as e:  # noqa: BLE001 - the first task builds them again, and reports
-        log.warning("replication jobs not built ahead (%s); the first task builds them", e)
+    if key not in _services:
+        from drsvc.site import Site
+        from .client import CeleryDispatcher
+        site = Site.from_config(app.drsvc_config, dispatcher=CeleryDispatcher(app))
+        _services[key] = site.replication.jobs
+    return _services[key]
 
 
 def node_ops_for(app):
