@@ -81,9 +81,88 @@ class _Writeback:
         self.pending.clear()
 
 
+class _Flusher:
+    """Makes what the writer wrote durable while the rest of the stream still arrives:
+    fdatasync of each fd that gathered FLUSH_EVERY bytes, on a thread of its own, back to
+    back while there is more. The commit's fsync then finds only the last of it to make
+    durable. Writeback alone (sync_file_range) does not do that where the disk caches
+    writes until a flush (a virtual disk in writeback mode, a loop file): there the cost
+    is paid at the flush, in proportion to what was written since the last one.
+
+    A failed fdatasync is kept and raised by :meth:`quiesce` (its caller's drain): the
+    kernel reports a writeback error once per open file, so the commit's own fsync on
+    the same fd could miss it."""
+
+    FLUSH_EVERY = 1 << 20
+
+    def __init__(self):
+        self._cv = threading.Condition()
+        self._dirty: dict[int, int] = {}
+        self._busy = False
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def wrote(self, fd: int, n: int) -> None:
+        with self._cv:
+            got = self._dirty[fd] = self._dirty.get(fd, 0) + n
+            if got < self.FLUSH_EVERY:
+                return
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="drsvc-journal-flusher", daemon=True)
+                self._thread.start()
+            self._cv.notify_all()
+
+    def _next(self) -> int | None:
+        """(holding the lock) The fd to flush next, or None once this thread is stopped."""
+        while True:
+            if self._thread is not threading.current_thread():
+                return None
+            fd = max(self._dirty, key=self._dirty.__getitem__, default=None)
+            if fd is not None and self._dirty[fd] >= self.FLUSH_EVERY and self.error is None:
+                self._dirty[fd] = 0
+                self._busy = True
+                return fd
+            self._cv.wait()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                fd = self._next()
+            if fd is None:
+                return
+            try:
+                os.fdatasync(fd)
+            except BaseException as e:  # noqa: BLE001 - raised by quiesce, in the caller's thread
+                with self._cv:
+                    self.error = self.error or e
+            with self._cv:
+                self._busy = False
+                self._cv.notify_all()
+
+    def quiesce(self) -> None:
+        """Start no more flushes of what was written so far (the caller's fsync covers it),
+        wait for one under way, and raise the first that failed."""
+        with self._cv:
+            self._dirty.clear()
+            while self._busy:
+                self._cv.wait()
+            if self.error is not None:
+                raise self.error
+
+    def stop(self) -> None:
+        """End the thread (after a flush under way): the fds may be closed after this."""
+        with self._cv:
+            th, self._thread = self._thread, None
+            self._cv.notify_all()
+        if th is not None:
+            th.join()
+        with self._cv:
+            self._dirty.clear()
+
+
 class _Writer:
     """Writes payloads on a thread of its own, so the receiver reads and checks the next
-    frame while the disk takes this one (pwrite, fallocate and sync_file_range release the
+    frame while the disk takes this one (pwrite and fallocate release the
     GIL). At most LIMIT bytes wait. A failed write is raised at the next write or drain;
     writes after it are dropped. A receiver killed with writes still queued loses only
     their records: scan() cuts the journal at the first record whose payload is missing
@@ -98,7 +177,7 @@ class _Writer:
         self._ops = 0                # operations queued or being written
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
-        self._wb = _Writeback()
+        self._flusher = _Flusher()
 
     def _submit(self, op: tuple, nbytes: int) -> None:
         with self._cv:
@@ -126,11 +205,12 @@ class _Writer:
             self._cv.wait()
 
     def drain(self) -> None:
-        """Wait for every queued write; raise the first that failed."""
+        """Wait for every queued write and any flush under way; raise the first that failed."""
         with self._cv:
             self._wait_idle()
             if self._error is not None:
                 raise self._error
+        self._flusher.quiesce()
 
     def stop(self) -> None:
         """Drain (errors are kept for the next drain) and end the thread."""
@@ -142,7 +222,7 @@ class _Writer:
                 self._cv.notify_all()
         if th is not None:
             th.join()
-        self._wb.forget()
+        self._flusher.stop()
 
     def _run(self) -> None:
         while True:
@@ -159,7 +239,7 @@ class _Writer:
                     else:
                         fd, data, offset = op
                         os.pwrite(fd, data, offset)
-                        self._wb.wrote(fd, len(data))
+                        self._flusher.wrote(fd, len(data))
             except BaseException as e:  # noqa: BLE001 - handed to the receiving thread
                 with self._cv:
                     self._error = e

@@ -3,6 +3,7 @@ reflinks the ranges into the image (FICLONERANGE); a range under 64 KiB is copie
 pool without reflink (ext4) it copies them all. Either way the image ends up exactly the target, and a replay
 of the same committed journal is harmless."""
 import os
+import time
 
 import pytest
 
@@ -105,6 +106,30 @@ def test_killed_receiver_keeps_an_index_to_resume_from(xfs_mod):
     k = Journal(lay, "v")                      # another process's view: only what reached the kernel
     assert k.load()
     assert k.scan() >= 48
+
+
+def _flushes(mnt) -> int:
+    """Flush requests completed by the block device under *mnt* (/sys/dev/block/*/stat)."""
+    dev = os.stat(mnt).st_dev
+    with open(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat") as f:
+        return int(f.read().split()[15])
+
+
+def test_payloads_are_made_durable_while_the_stream_arrives(xfs_dir):
+    """The journal flushes its payloads as they land (fdatasync on the flusher's thread),
+    not all at the commit: where the disk keeps writes in a cache until a flush (a virtual
+    disk, a loop file), the commit's fsync would otherwise pay for the whole stream at once.
+    Seen from the device: flush requests complete with no sync and no commit asked for."""
+    lay, j = _fresh_journal(xfs_dir / "pool", 8 * MiB)
+    before = _flushes(xfs_dir)
+    for i in range(48):                        # 3 MiB of payload in 64 KiB records
+        d = os.urandom(BS)
+        j.append(protocol.RecordHeader(0, protocol.CODEC_RAW, i * BS, BS, protocol.payload_checksum(d)), d)
+    deadline = time.monotonic() + 10
+    while _flushes(xfs_dir) == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _flushes(xfs_dir) > before
+    j.close()
 
 
 def test_a_failed_payload_write_fails_the_journal_at_its_next_write_or_sync(xfs_mod):
