@@ -135,10 +135,12 @@ def main(argv=None) -> int:
     if args.config:
         cfg = load_config(Path(args.config), node=args.node)
         from workers.app import make_app
-        from workers.client import CeleryDispatcher
+        from workers.client import CeleryDispatcher, load_result_backend
         from workers.titles import set_title
         set_title("plugin", cfg)
-        site = Site.from_config(cfg, dispatcher=CeleryDispatcher(make_app(cfg)))
+        app = make_app(cfg)
+        load_result_backend(app)
+        site = Site.from_config(cfg, dispatcher=CeleryDispatcher(app))
         endpoint = args.endpoint or cfg.endpoint
     else:
         if not (args.pool and args.node_id):
@@ -162,10 +164,12 @@ def _serve_controller(ap, args) -> int:
     if not cfg.multinode:
         ap.error(f"{args.config} lists no [nodes]: a one-node site's plugin is its controller")
     from workers.app import make_app
-    from workers.client import NodeDispatcher
+    from workers.client import NodeDispatcher, load_result_backend
     from workers.titles import set_title
     set_title("controller", cfg)
-    ctl = ClusterController(cfg, NodeDispatcher(make_app(cfg)))
+    app = make_app(cfg)
+    load_result_backend(app)
+    ctl = ClusterController(cfg, NodeDispatcher(app))
     endpoint = args.endpoint or cfg.endpoint
     if not endpoint:
         ap.error("--endpoint or CSI_ENDPOINT is required")

@@ -54,22 +54,28 @@ def worker_main(argv=None) -> int:
     keep_worker_titles("worker", cfg, "" if args.role == "data" else args.role)
     if args.role in ("data", "control"):
         keep_peers_warm(cfg)
-        preload_engine()
+    preload(args.role)
     app.worker_main(wargs)
     return 0
 
 
-# What a sync and the control operations import inside their functions (the plugin does not
-# load them). The worker imports them once, before Celery forks its pool, so a pool process
-# has them from the start: a Promote that was its process's first paid ~0.06 s idle,
-# 0.1-0.2 s under load, for the imports; imported in each pool process as it started, they
-# cost ~0.18 CPU-s per process (numpy most of it), paid again by every replaced process.
-ENGINE_MODULES = ("drsvc.replication.sync", "drsvc.replication.takeover", "drsvc.replication.replica",
-                  "drsvc.replication.content", "drsvc.replication.snapstore")
+# What the tasks import inside their functions (the plugin does not load them). The worker
+# imports them once, before Celery forks its pool (or, role api, before its threads start), so
+# a pool process has them from the start: a Promote that was its process's first paid ~0.06 s
+# idle, 0.1-0.2 s under load, for the engine's imports, and another ~0.08 s for the site's and
+# the dispatcher's (``tasks.jobs_for``); imported in each pool process as it started, they cost
+# ~0.18 CPU-s per process (numpy most of it), paid again by every replaced process.
+ENGINE_MODULES = ("drsvc.replication.sync", "drsvc.replication.takeover", "drsvc.replication.pointrestore",
+                  "drsvc.replication.replica", "drsvc.replication.content", "drsvc.replication.snapstore",
+                  "drsvc.replication.remote", "drsvc.site", "workers.client")
+# a storage node's api worker: the site controller's calls (``tasks.node_ops_for``)
+NODE_MODULES = ("drsvc.cluster", "drsvc.controller", "drsvc.replication.api", "drsvc.site", "workers.client")
+PRELOAD = {"data": ENGINE_MODULES, "control": ENGINE_MODULES, "api": NODE_MODULES}
 
 
-def preload_engine() -> None:
-    for name in ENGINE_MODULES:
+def preload(role: str) -> None:
+    """Import what *role*'s tasks import in their functions, before the pool starts."""
+    for name in PRELOAD[role]:
         importlib.import_module(name)
 
 
