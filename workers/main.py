@@ -65,11 +65,12 @@ def worker_main(argv=None) -> int:
 # idle, 0.1-0.2 s under load, for the engine's imports, and another ~0.08 s for the site's and
 # the dispatcher's (``tasks.jobs_for``); imported in each pool process as it started, they cost
 # ~0.18 CPU-s per process (numpy most of it), paid again by every replaced process.
+SITE_MODULES = ("drsvc.site", "workers.client")       # every role's tasks build the site's services
 ENGINE_MODULES = ("drsvc.replication.sync", "drsvc.replication.takeover", "drsvc.replication.pointrestore",
                   "drsvc.replication.replica", "drsvc.replication.content", "drsvc.replication.snapstore",
-                  "drsvc.replication.remote", "drsvc.site", "workers.client")
+                  *SITE_MODULES)
 # a storage node's api worker: the site controller's calls (``tasks.node_ops_for``)
-NODE_MODULES = ("drsvc.cluster", "drsvc.controller", "drsvc.replication.api", "drsvc.site", "workers.client")
+NODE_MODULES = ("drsvc.cluster", "drsvc.controller", "drsvc.replication.api", *SITE_MODULES)
 PRELOAD = {"data": ENGINE_MODULES, "control": ENGINE_MODULES, "api": NODE_MODULES}
 
 

@@ -59,8 +59,9 @@ FLAG_DIRECT = 0x1   # payload was written straight into a staging image
 FLAG_DATA = 0x2     # payload is in data.bin at the running aligned position
 ALIGN = 4096
 _BUF = 1 << 20
-# Start writeback of what was written every this many bytes, so the fsync at
-# commit finds little left to write (the disk works while the network does).
+# Apply's copies into the images start their writeback every this many bytes, so the
+# images' fsync at the end of the apply finds less left to write (on a disk that writes as
+# it goes; one that holds writes until a flush pays at the flush: see _Flusher).
 WRITEBACK_EVERY = 32 << 20
 
 
@@ -76,9 +77,6 @@ class _Writeback:
             start_writeback(fd)
             got = 0
         self.pending[fd] = got
-
-    def forget(self) -> None:
-        self.pending.clear()
 
 
 class _Flusher:
