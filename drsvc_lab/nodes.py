@@ -3,10 +3,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 from drsvc.config import SiteConfig, load
+from drsvc.errors import DrsvcError
 from drsvc.sitectl import SiteRun, node_components
+from workers.app import make_app
+from workers.client import NodeDispatcher
 
 from .logs import keep_logs
 from .net import free_port
@@ -156,6 +160,23 @@ class NodesLab:
                 run.start(c)
         for site in sites or self.sites:
             self.run_of(site).wait_socket()
+        for site in sites or self.sites:
+            self.wait_nodes(site)
+
+    def wait_nodes(self, site: str, timeout: float = 90.0) -> None:
+        """Return once every storage node of *site* answers a call from its controller, as
+        a readiness gate would: the plugin's socket is up before the nodes' api workers have
+        started, and a node that has not answered yet is left out of placement (a volume asked
+        for on it would land on another node)."""
+        calls = NodeDispatcher(make_app(self.cfg_of(site)))
+        deadline = time.monotonic() + timeout
+        waiting = list(self.nodes)
+        while waiting:
+            answers = calls.call_each(dict.fromkeys(waiting, {}), "probe", wait=2.0)
+            waiting = [n for n, r in answers.items() if isinstance(r, DrsvcError)]
+            if waiting and time.monotonic() > deadline:
+                raise TimeoutError(f"site {site}: node(s) {', '.join(waiting)} did not answer within "
+                                   f"{timeout:.0f}s; see their logs in {self.run_of(site).run_dir}")
 
     def teardown(self) -> None:
         for site in self.sites:

@@ -9,6 +9,8 @@ import urllib.request
 
 import pytest
 
+from drsvc import store
+from drsvc.layout import PoolLayout
 from drsvc.replication.state import find_state
 from tests.dr.helpers import generation, wait_attempts, wait_for, wait_synced_after, write_random
 from tests.fixtures.sites import image_sha
@@ -57,7 +59,11 @@ def test_peer_pool_full(small_peer_lab):
     finally:
         os.close(fd)
     fault()
-    write_random(sa, vol, count=48, size=1 * MiB, seed=7)     # 48 MiB: more than is left
+    # 48 MiB: more than is left. Written under the unit's lock, as a sync holds it: a
+    # scheduled sync that captured the image part-way through (its first MiB or two fit in
+    # what is left) would land a generation that is none of the ones recorded here
+    with store.file_lock(PoolLayout(sa.pool).lock_path(vol), key=vol):
+        write_random(sa, vol, count=48, size=1 * MiB, seed=7)
     gens.record(sa, vol)
     st = wait_for(lambda: (s := status(A, vol)).status == "DEGRADED" and s, 60, what="DEGRADED")
     print("pool full:", st.status_message)
