@@ -226,8 +226,8 @@ def fold(layout: PoolLayout, idx: Index, p: Point, q: Point | None) -> None:
             continue
         fd = os.open(layout.point_undo(unit, p.generation, vol), os.O_RDONLY) if (moved[:, 2] >= 0).any() else -1
         try:
-            rows, n = pointdata.append(layout.point_undo(unit, q.generation, vol),
-                                       pointdata.log_pieces(fd, pointdata.in_log_order(moved)), after=have)
+            rows, n = pointdata.append_rows(layout.point_undo(unit, q.generation, vol), fd,
+                                            pointdata.in_log_order(moved), after=have)
         finally:
             if fd >= 0:
                 os.close(fd)

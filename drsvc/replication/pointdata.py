@@ -312,6 +312,53 @@ def append(log: Path, pieces, *, after=None) -> tuple:
     return (np.asarray(rows, dtype=np.int64).reshape(-1, 3) if rows else no_map()), w.data
 
 
+def append_rows(log: Path, src: int, m, *, after=None) -> tuple:
+    """``append`` of the ranges map *m* names in the log open as *src* (rows in log order,
+    ``in_log_order``; position -1: zeros), with the same log and rows as
+    ``append(log, log_pieces(src, m), after=after)``. A fold moves thousands of ranges that
+    lie together in the pruned point's log: the runs are found with array operations, and
+    only the ranges of runs that are not shared are handled one by one."""
+    np = _np()
+    if not len(m):
+        return append(log, iter(()), after=after)
+    off, ln, pos = m[:, 0], m[:, 1], m[:, 2]
+    ends = pos + (-(-ln // ALIGN)) * ALIGN
+    joins = (pos[1:] >= 0) & (pos[:-1] >= 0) & (pos[1:] % ALIGN == 0) & (pos[1:] == ends[:-1])
+    starts = np.concatenate([[0], np.flatnonzero(~joins) + 1])
+    stops = np.append(starts[1:], len(m))
+    length = ends[stops - 1] - pos[starts]
+    shared = np.where(stops - starts > 1, (length >= CLONE_MIN) & (pos[starts] >= 0) & (pos[starts] % ALIGN == 0),
+                      (ln[starts] >= CLONE_MIN) & (pos[starts] >= 0) & ((pos[starts] | ln[starts]) % ALIGN == 0))
+    for i, j in zip(starts[~shared].tolist(), stops[~shared].tolist(), strict=True):
+        for at, n in zip(pos[i:j].tolist(), ln[i:j].tolist(), strict=True):
+            if at >= 0:      # what will be read: the kernel reads it all at once
+                os.posix_fadvise(src, at, n, os.POSIX_FADV_WILLNEED)
+    parts: list = []
+    fd = os.open(log, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        if after is not None and os.fstat(fd).st_size > log_end(after):
+            os.ftruncate(fd, log_end(after))
+        w = _Appender(fd)
+        for i, j, whole, n in zip(starts.tolist(), stops.tolist(), shared.tolist(), length.tolist(), strict=True):
+            if whole and j - i > 1:
+                w.flush()
+                os.ftruncate(fd, w.end + n)
+                if _clone(src, int(pos[i]), fd, w.end, n):
+                    parts.append(np.stack([off[i:j], ln[i:j], w.end + pos[i:j] - pos[i]], axis=1))
+                    w.end += n
+                    w.buf_at = w.end
+                    w.data += int(ln[i:j].sum())
+                    continue
+            parts.append(np.asarray([(o, n2, -1 if at < 0 else w.add(src, at, n2))
+                                     for o, n2, at in m[i:j].tolist()], dtype=np.int64).reshape(-1, 3))
+        w.flush()
+        os.ftruncate(fd, w.end)      # as append: give back XFS's speculative preallocation
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return np.concatenate(parts).astype(np.int64, copy=False), w.data
+
+
 def image_pieces(fd: int, want, size: int):
     """Pieces of *want* ranges of an image open as *fd* (beyond *size*: zeros)."""
     for s, e in zip(want[0].tolist(), want[1].tolist(), strict=True):
