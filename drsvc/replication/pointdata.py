@@ -22,6 +22,7 @@ maps travel in point metadata as base64 of little-endian int64 triples.
 from __future__ import annotations
 
 import base64
+import contextlib
 import errno
 import os
 from pathlib import Path
@@ -194,13 +195,8 @@ class _Appender:
 
     def add(self, src: int, src_pos: int, length: int) -> int:
         """Append *length* bytes of *src* at *src_pos*; the log position, or -1 for zeros."""
-        if _clonable(src_pos, length):
-            self.flush()
-            os.ftruncate(self.fd, self.end + length)
-            if _clone(src, src_pos, self.fd, self.end, length):
-                at = self._took(length)
-                self.buf_at = self.end
-                return at
+        if _clonable(src_pos, length) and (at := self.share(src, src_pos, length, length)) is not None:
+            return at
         data = os.pread(src, length, src_pos)
         if len(data) < length:
             data += bytes(length - len(data))         # past the source's end: zeros
@@ -213,6 +209,19 @@ class _Appender:
             self.flush()
             return at
         return self._took(length)
+
+    def share(self, src: int, src_pos: int, length: int, data: int) -> int | None:
+        """Append *length* bytes of *src* at *src_pos* (a run holding *data* bytes of ranges)
+        by one FICLONERANGE: the log position, or None where the kernel refuses."""
+        self.flush()
+        os.ftruncate(self.fd, self.end + length)
+        if not _clone(src, src_pos, self.fd, self.end, length):
+            return None
+        at = self.end
+        self.end += length
+        self.buf_at = self.end
+        self.data += data
+        return at
 
     def _took(self, length: int) -> int:
         at = self.end
@@ -267,19 +276,32 @@ def _clonable(pos: int, length: int) -> bool:
 def _add_run(w: _Appender, run, rows: list) -> None:
     """One run: shared whole when it is long enough, else range by range."""
     first = run[0]
-    length = _run_length(run)
     if len(run) > 1 and _shared(run):
-        w.flush()
-        os.ftruncate(w.fd, w.end + length)
-        if _clone(first[2], first[3], w.fd, w.end, length):
-            base = w.end
-            w.end += length
-            w.buf_at = w.end
-            w.data += sum(p[1] for p in run)
+        base = w.share(first[2], first[3], _run_length(run), sum(p[1] for p in run))
+        if base is not None:
             rows.extend((off, ln, base + pos - first[3]) for off, ln, _src, pos in run)
             return
     for off, ln, src, pos in run:
         rows.append((off, ln, -1 if src is None else w.add(src, pos, ln)))
+
+
+@contextlib.contextmanager
+def _appending(log: Path, after):
+    """The log at *log* open for appends (bytes past what *after* names cut off first), made
+    durable once the appends are done."""
+    fd = os.open(log, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        if after is not None and os.fstat(fd).st_size > log_end(after):
+            os.ftruncate(fd, log_end(after))
+        w = _Appender(fd)
+        yield w
+        w.flush()
+        # XFS keeps blocks past the end of a file appended in turns (speculative preallocation):
+        # a truncate to the size gives them back
+        os.ftruncate(fd, w.end)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def append(log: Path, pieces, *, after=None) -> tuple:
@@ -295,20 +317,9 @@ def append(log: Path, pieces, *, after=None) -> tuple:
                 if src is not None:
                     os.posix_fadvise(src, pos, ln, os.POSIX_FADV_WILLNEED)
     rows: list = []
-    fd = os.open(log, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        if after is not None and os.fstat(fd).st_size > log_end(after):
-            os.ftruncate(fd, log_end(after))
-        w = _Appender(fd)
+    with _appending(log, after) as w:
         for run in runs:
             _add_run(w, run, rows)
-        w.flush()
-        # XFS keeps blocks past the end of a file appended in turns (speculative preallocation):
-        # a truncate to the size gives them back
-        os.ftruncate(fd, w.end)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
     return (np.asarray(rows, dtype=np.int64).reshape(-1, 3) if rows else no_map()), w.data
 
 
@@ -320,7 +331,7 @@ def append_rows(log: Path, src: int, m, *, after=None) -> tuple:
     only the ranges of runs that are not shared are handled one by one."""
     np = _np()
     if not len(m):
-        return append(log, iter(()), after=after)
+        return append(log, (), after=after)
     off, ln, pos = m[:, 0], m[:, 1], m[:, 2]
     ends = pos + (-(-ln // ALIGN)) * ALIGN
     joins = (pos[1:] >= 0) & (pos[:-1] >= 0) & (pos[1:] % ALIGN == 0) & (pos[1:] == ends[:-1])
@@ -334,28 +345,15 @@ def append_rows(log: Path, src: int, m, *, after=None) -> tuple:
             if at >= 0:      # what will be read: the kernel reads it all at once
                 os.posix_fadvise(src, at, n, os.POSIX_FADV_WILLNEED)
     parts: list = []
-    fd = os.open(log, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        if after is not None and os.fstat(fd).st_size > log_end(after):
-            os.ftruncate(fd, log_end(after))
-        w = _Appender(fd)
+    with _appending(log, after) as w:
         for i, j, whole, n in zip(starts.tolist(), stops.tolist(), shared.tolist(), length.tolist(), strict=True):
             if whole and j - i > 1:
-                w.flush()
-                os.ftruncate(fd, w.end + n)
-                if _clone(src, int(pos[i]), fd, w.end, n):
-                    parts.append(np.stack([off[i:j], ln[i:j], w.end + pos[i:j] - pos[i]], axis=1))
-                    w.end += n
-                    w.buf_at = w.end
-                    w.data += int(ln[i:j].sum())
+                base = w.share(src, int(pos[i]), n, int(ln[i:j].sum()))
+                if base is not None:
+                    parts.append(np.stack([off[i:j], ln[i:j], base + pos[i:j] - pos[i]], axis=1))
                     continue
             parts.append(np.asarray([(o, n2, -1 if at < 0 else w.add(src, at, n2))
                                      for o, n2, at in m[i:j].tolist()], dtype=np.int64).reshape(-1, 3))
-        w.flush()
-        os.ftruncate(fd, w.end)      # as append: give back XFS's speculative preallocation
-        os.fsync(fd)
-    finally:
-        os.close(fd)
     return np.concatenate(parts).astype(np.int64, copy=False), w.data
 
 
