@@ -13,7 +13,7 @@ pytestmark = pytest.mark.bench
 
 
 def test_points_bench_reports_every_figure(capsys):
-    assert points.main(["--size-mib", "16", "--duration", "4", "--interval", "0.2", "--list-points", "12",
+    assert points.main(["--size-mib", "16", "--duration", "10", "--interval", "0.2", "--list-points", "12",
                         "--prune-syncs", "2", "--promote-mib", "16", "--promote-syncs", "4", "--promote-fixed-mib", "1",
                         "--fs-size", "4G", "--json"]) == 0
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
