@@ -50,6 +50,13 @@ class OperationInProgress(DrsvcError):
     template = "an operation is already in progress for {key}"
 
 
+class TaskSuperseded(OperationInProgress):
+    """A task of a role change found that no caller waits for it any more: a stale copy,
+    redelivered or published twice, whose claim on the unit is gone or another task's."""
+    template = ("{op} of {unit_id} was not run: task {task_id} no longer holds the unit's claim "
+                "(a stale or repeated message); a retry runs the operation anew")
+
+
 class ResourceExhausted(DrsvcError):
     template = "resource exhausted"
 

@@ -114,6 +114,11 @@ class PoolLayout:
     def lock_path(self, unit_id: str) -> Path:
         return self.unit_dir(unit_id) / ".lock"
 
+    def role_lock_path(self, unit_id: str) -> Path:
+        """Held by a promote, demote or resync for its whole run (the unit's lock is taken
+        and released several times within one)."""
+        return self.unit_dir(unit_id) / ".role.lock"
+
     def snap_root(self, unit_id: str) -> Path:
         return self.unit_dir(unit_id) / "snap"
 

@@ -17,6 +17,7 @@ import errno
 import fcntl
 import json
 import os
+import time
 from pathlib import Path
 
 from .errors import CorruptMetadata, OperationInProgress
@@ -212,16 +213,22 @@ def remove(path: Path) -> bool:
 
 
 @contextlib.contextmanager
-def file_lock(path: Path, *, blocking: bool = True, key: str | None = None):
-    """An flock held across processes. Non-blocking raises OperationInProgress."""
+def file_lock(path: Path, *, blocking: bool = True, key: str | None = None, wait: float | None = None):
+    """An flock held across processes. Non-blocking raises OperationInProgress; with *wait*,
+    it is tried for that many seconds first."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-        except OSError as e:
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise OperationInProgress(key=key or Path(path).name) from None
-            raise
+        deadline = time.monotonic() + (wait or 0.0)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking and wait is None else fcntl.LOCK_NB))
+                break
+            except OSError as e:
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise OperationInProgress(key=key or Path(path).name) from None
+                time.sleep(0.05)
         yield
     finally:
         os.close(fd)

@@ -101,10 +101,14 @@ def make_app(cfg: SiteConfig) -> Celery:
         result_expires=7 * 24 * 3600,
         task_serializer="json", result_serializer="json", accept_content=["json"],
         # kombu sweeps for abandoned tasks every interval x throttle seconds (10 x 10 by
-        # default): a SIGKILLed worker's task came back ~100 s late whatever the timeout
+        # default): a SIGKILLed worker's task came back ~100 s late whatever the timeout.
+        # One sweeper at a time, under a mutex key that outlives a Redis restart (AOF): one
+        # held as Redis went away would stop every sweep for its default 300 s. A sweep takes
+        # milliseconds, and restoring a message is a transaction of its own.
         broker_transport_options={"visibility_timeout": cfg.visibility_timeout,
                                   "unacked_restore_interval": max(1, min(10, cfg.visibility_timeout // 4)),
-                                  "unacked_restore_throttle": 1},
+                                  "unacked_restore_throttle": 1,
+                                  "unacked_mutex_expire": max(5, min(30, cfg.visibility_timeout // 2))},
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
     )

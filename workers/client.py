@@ -1,6 +1,7 @@
 """Dispatcher over Celery: queue an operation on its queue (data or control) and wait, bounded."""
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -14,8 +15,13 @@ from drsvc.dispatch import raise_from_dict
 from drsvc.errors import (BrokerUnreachable, DrsvcError, NodeUnreachable, NotGroupConsistent, OperationInProgress,
                           WorkerFailed)
 
-from . import inflight
+from . import inflight, presence
 from .bandwidth import RedisBandwidth, client
+
+log = logging.getLogger(__name__)
+
+LOOK_EVERY = 2.0     # seconds between looks for a followed task's message
+RESEND_LOST = 2      # a lost task is sent again at most this many times within one call
 
 
 def load_result_backend(app: Celery) -> None:
@@ -63,23 +69,34 @@ class CeleryDispatcher:
             return self._bandwidth
 
     def run(self, op: str, unit_id: str, kwargs: dict, *, wait: float) -> dict:
+        """Run *op* on the unit, or join the same operation in flight, and answer within *wait*
+        (else OperationInProgress: the CO's retry follows the same task). A task whose message
+        was lost (``presence``) gives up its claim and is sent again, within the same wait."""
+        deadline = time.monotonic() + wait
         try:
-            task_id = str(uuid.uuid4())
-            held = inflight.claim(self.redis, self.cfg.scope, unit_id, op, kwargs, task_id)
-            if held["task_id"] == task_id:
-                self.app.send_task(f"drsvc.{op}", args=[unit_id], kwargs=kwargs, task_id=task_id,
-                                   queue=self.queue(op), kwargsrepr=None)
-                inflight.confirm(self.redis, self.cfg.scope, unit_id, task_id)
-            elif held["digest"] != inflight.digest(op, kwargs):
-                raise OperationInProgress(f"{held['op']} is in progress for {unit_id}; retry later")
-            result = self.app.AsyncResult(held["task_id"])
-            try:
-                value = result.get(timeout=wait, propagate=False, disable_sync_subtasks=False)
-            except CeleryTimeout:
-                raise OperationInProgress(f"{op} of {unit_id} is in progress (task {held['task_id']}); "
-                                          "retry to follow it") from None
+            for _ in range(1 + RESEND_LOST):
+                try:
+                    return self._run_once(op, unit_id, kwargs, deadline)
+                except _Lost as lost:
+                    log.warning("%s of %s: task %s is queued nowhere, taken by no worker and "
+                                "unanswered (its message was lost with a Redis restart); sending it again",
+                                op, unit_id, lost.task_id)
+                    inflight.release(self.redis, self.cfg.scope, unit_id, lost.task_id)
+            raise OperationInProgress(f"{op} of {unit_id}: its task was lost {1 + RESEND_LOST} times; retry")
         except redis.RedisError as e:
             raise BrokerUnreachable(reason=type(e).__name__) from None
+
+    def _run_once(self, op: str, unit_id: str, kwargs: dict, deadline: float) -> dict:
+        task_id = str(uuid.uuid4())
+        held = inflight.claim(self.redis, self.cfg.scope, unit_id, op, kwargs, task_id)
+        if held["task_id"] == task_id:
+            self.app.send_task(f"drsvc.{op}", args=[unit_id], kwargs=kwargs, task_id=task_id,
+                               queue=self.queue(op), kwargsrepr=None)
+            inflight.confirm(self.redis, self.cfg.scope, unit_id, task_id)
+        elif held["digest"] != inflight.digest(op, kwargs):
+            raise OperationInProgress(f"{held['op']} is in progress for {unit_id}; retry later")
+        result = self.app.AsyncResult(held["task_id"])
+        value = self._follow(op, unit_id, result, deadline)
         if isinstance(value, dict):
             return raise_from_dict(value)
         if result.state == "FAILURE":
@@ -88,15 +105,36 @@ class CeleryDispatcher:
             # connection error) or a worker-side bug. Either way the claim may have outlived
             # the task (its release needed Redis too): drop it, so a retry runs anew (every
             # operation is repeat-safe) instead of following this answer for hours.
-            try:
-                inflight.release(self.redis, self.cfg.scope, unit_id, held["task_id"])
-            except redis.RedisError as e:
-                raise BrokerUnreachable(reason=type(e).__name__) from None
+            inflight.release(self.redis, self.cfg.scope, unit_id, held["task_id"])
             if isinstance(value, (redis.RedisError, ConnectionError, KombuOperationalError)):
                 raise BrokerUnreachable(reason=f"the answer of {op} of {unit_id} was lost with the "
                                                f"connection ({type(value).__name__}); retry")
             raise WorkerFailed(op=op, unit_id=unit_id, reason=repr(value))
         raise OperationInProgress(f"{op} of {unit_id} is {result.state}; retry to follow it")
+
+    def _follow(self, op: str, unit_id: str, result, deadline: float):
+        """The task's answer, waited for until *deadline*, looking every LOOK_EVERY seconds
+        whether its message still exists. Absent at two looks in a row: lost (_Lost)."""
+        absent_before = False
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return result.get(timeout=max(0.01, min(LOOK_EVERY, left)), propagate=False,
+                                  disable_sync_subtasks=False)
+            except CeleryTimeout:
+                if left <= LOOK_EVERY:
+                    raise OperationInProgress(f"{op} of {unit_id} is in progress (task {result.id}); "
+                                              "retry to follow it") from None
+            absent = presence.where(self.redis, self.app, self.queue(op), result.id) == presence.ABSENT
+            if absent and absent_before:
+                raise _Lost(result.id)
+            absent_before = absent
+
+
+class _Lost(Exception):
+    def __init__(self, task_id: str):
+        super().__init__(task_id)
+        self.task_id = task_id
 
 
 # node calls dropped from a dead node's queue once their caller gave up: those that only

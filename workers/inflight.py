@@ -7,7 +7,9 @@ A claim is a lease. It is taken for PENDING seconds only, and held for TTL once 
 is on the queue (``confirm``: by the caller that sent it, and again by the worker that
 starts it). A caller that dies between its claim and its send (a plugin killed mid-RPC)
 leaves no task behind; its claim then lapses within PENDING and the CO's retry runs the
-operation anew, instead of following a task that will never run for TTL.
+operation anew, instead of following a task that will never run for TTL. A caller that
+follows a claim also looks whether its task still exists (``presence``), and takes over a
+claim whose task is nowhere.
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import redis
 from celery.exceptions import Ignore
 
 from drsvc.dispatch import error_to_dict
-from drsvc.errors import DrsvcError, Unavailable
+from drsvc.errors import BrokerUnreachable, DrsvcError, TaskSuperseded, Unavailable
 
 from . import inflight, slots
 
@@ -72,13 +72,23 @@ def _take_slot(app, r, peer: str, task_id: str):
         return slots.Slot(r, cfg.scope, peer, ttl=cfg.visibility_timeout)
 
 
-def _hold_claim(cfg, r, unit_id: str, task_id: str) -> None:
+# Operations that change a unit's role or its data: they run only for a caller that
+# still waits (their claim is theirs). A copy of one that outlived its caller (a message
+# redelivered by the visibility sweep after a Redis restart, or published twice) would
+# otherwise act later on a unit whose role has moved on since: promote it again, or demote
+# the site the operator has since failed over to. Syncs are run by whoever sends them.
+FENCED_OPS = frozenset({"promote", "demote", "resync", "enable", "disable"})
+
+
+def _hold_claim(cfg, r, unit_id: str, task_id: str) -> bool | None:
     """This task runs: its claim (if a caller took one) lives on even if that caller
-    died before it could confirm the send."""
+    died before it could confirm the send. True: the claim is this task's; False: it is
+    gone or another's; None: Redis did not answer."""
     try:
-        inflight.confirm(r, cfg.scope, unit_id, task_id)
+        return inflight.confirm(r, cfg.scope, unit_id, task_id)
     except redis.RedisError as e:
         log.warning("could not confirm the in-flight marker of %s: %s", unit_id, e)
+        return None
 
 
 class OpRun:
@@ -119,7 +129,14 @@ class OpRun:
 
     def _run(self):
         task_id = self.task.request.id
-        _hold_claim(self.cfg, self.r, self.unit_id, task_id)
+        held = _hold_claim(self.cfg, self.r, self.unit_id, task_id)
+        if self.op in FENCED_OPS and not held:
+            if held is None:
+                raise BrokerUnreachable(reason=f"the claim of {self.op} of {self.unit_id} could not be "
+                                               "checked; not run (the caller's retry runs it)")
+            log.warning("drsvc.%s %s: task %s no longer holds the unit's claim; not run",
+                        self.op, self.unit_id, task_id)
+            raise TaskSuperseded(op=self.op, unit_id=self.unit_id, task_id=task_id)
         if self.op == "sync" and (peer := self.jobs.peer_of(self.unit_id)):
             self.slot = _take_slot(self.app, self.r, peer, task_id)
             if self.slot is None:

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from .. import store
 from ..config import SiteConfig
 from ..dispatch import Dispatcher
 from ..layout import PoolLayout
@@ -202,7 +203,20 @@ class ReplicationJobs:
         update_control(self.pool, unit_id, bad)
         log.warning("sync of %s failed: %s", unit_id, message)
 
+    def _one_role_change(self, unit_id: str):
+        """One promote, demote or resync of a unit at a time on this node. Two copies of one
+        task can run at once: a message published again as Redis restarts, or redelivered
+        while its first copy still runs. Both would find the unit as it was and act on it (a
+        promote twice: two epochs). The second copy waits here, then finds the work done."""
+        unit_state.get_state(self.pool, unit_id)          # NotEnabled before any lock file
+        return store.file_lock(PoolLayout(self.pool).role_lock_path(unit_id), key=unit_id,
+                               wait=min(60.0, self.cfg.visibility_timeout / 2))
+
     def run_demote(self, unit_id: str, *, force: bool = False) -> dict:
+        with self._one_role_change(unit_id):
+            return self._demote(unit_id)
+
+    def _demote(self, unit_id: str) -> dict:
         c = find_control(self.pool, unit_id)
         st = unit_state.get_state(self.pool, unit_id)
         if st.role == "secondary":
@@ -248,6 +262,10 @@ class ReplicationJobs:
                 log.info("final sync of %s: %s; trying the cut again", c.unit_id, e.message)
 
     def run_promote(self, unit_id: str, *, force: bool = False, point: int | None = None) -> dict:
+        with self._one_role_change(unit_id):
+            return self._promote(unit_id, force=force, point=point)
+
+    def _promote(self, unit_id: str, *, force: bool, point: int | None) -> dict:
         from .pointrestore import take_over
         from .takeover import seed_base
         st = unit_state.get_state(self.pool, unit_id)
@@ -296,6 +314,10 @@ class ReplicationJobs:
                         unit_id, p["target"], p["round"])
 
     def run_resync(self, unit_id: str, *, force: bool = False) -> dict:
+        with self._one_role_change(unit_id):
+            return self._resync(unit_id, force=force)
+
+    def _resync(self, unit_id: str, *, force: bool) -> dict:
         st = unit_state.get_state(self.pool, unit_id)
         if st.role != "secondary":
             raise NotSecondary(kind="unit", unit_id=unit_id)
