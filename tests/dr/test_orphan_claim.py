@@ -30,7 +30,7 @@ from drsvc.config import load
 from drsvc.replication.state import find_state
 from tests.dr.helpers import generation, wait_for, write_random
 from tests.faults.steps import receiver_pids
-from workers import inflight
+from workers import inflight, presence
 from workers.app import make_app
 
 MiB = 1 << 20
@@ -195,3 +195,31 @@ def test_two_copies_of_one_promote_promote_once(lab):
     wait_for(lambda: inflight.holder(r, cfg.scope, vol) is None, 60, what="both copies to end")
     assert find_state(sb.pool, vol).epoch == before + 1
     B.retry("DisableVolumeReplication", volume_id=vol)
+
+
+def test_presence_tells_queued_taken_answered_and_absent(lab):
+    """workers/presence.py reads kombu's own Redis layout (its queue lists and unacked hash,
+    kombu/transport/redis.py: Channel._q_for_pri, QoS.append): each answer, on real Celery."""
+    sa = lab.sites["a"]
+    cfg = load(sa.config_path)
+    app = make_app(cfg)
+    r = redis.Redis.from_url(cfg.redis_url)
+    vol = _enabled(lab, "presence", bandwidthLimit=str(4 * MiB))
+    q = cfg.queue_for("sync")
+    task_id = str(uuid.uuid4())
+    assert presence.where(r, app, q, task_id) == presence.ABSENT
+
+    for c in ("control", "worker"):
+        sa.run.stop(c)
+    try:
+        app.send_task("drsvc.sync", args=[vol], kwargs={"trigger": "manual"}, task_id=task_id, queue=q)
+        assert presence.where(r, app, q, task_id) == presence.QUEUED
+        write_random(sa, vol, count=64, size=256 << 10, seed=2)     # 16 MiB at 4 MiB/s: ~4 s
+    finally:
+        for c in ("control", "worker"):
+            sa.run.start(c)
+    wait_for(lambda: receiver_pids(lab.sites["b"].pool), 60, interval=0.02, what="the sync to reach b")
+    assert presence.where(r, app, q, task_id) == presence.TAKEN
+    app.AsyncResult(task_id).get(timeout=90, propagate=False)
+    assert presence.where(r, app, q, task_id) == presence.ANSWERED
+    assert presence.where(r, app, q, str(uuid.uuid4())) == presence.ABSENT
