@@ -79,8 +79,8 @@ class CeleryDispatcher:
                     return self._run_once(op, unit_id, kwargs, deadline)
                 except _Lost as lost:
                     log.warning("%s of %s: task %s is queued nowhere, taken by no worker and "
-                                "unanswered (its message was lost with a Redis restart); sending it again",
-                                op, unit_id, lost.task_id)
+                                "unanswered (its message was lost with a Redis restart, or never sent by "
+                                "a caller that died); sending it again", op, unit_id, lost.task_id)
                     inflight.release(self.redis, self.cfg.scope, unit_id, lost.task_id)
             raise OperationInProgress(f"{op} of {unit_id}: its task was lost {1 + RESEND_LOST} times; retry")
         except redis.RedisError as e:
