@@ -137,11 +137,14 @@ class _Lost(Exception):
         self.task_id = task_id
 
 
-# node calls dropped from a dead node's queue once their caller gave up: those that only
-# read, and a group snapshot's part (its barrier is long gone by then)
+# node calls dropped from a node's queue once their caller gave up: those that only read,
+# a group snapshot's part (its barrier is long gone by then), and Replication calls. A
+# Promote the controller answered UNAVAILABLE for, run when the node's api worker comes
+# back, would change a role behind the operator's back (a second primary, when the
+# operator has kept or put the old site back meanwhile); the CO's retry asks again.
 EXPIRING_NODE_OPS = frozenset({"probe", "capacity", "get_volume", "list_volumes", "validate",
                                "get_snapshot", "list_snapshots", "get_group", "list_groups",
-                               "get_group_snapshot", "group_snapshot_part"})
+                               "get_group_snapshot", "group_snapshot_part", "replication"})
 
 
 class NodeDispatcher:

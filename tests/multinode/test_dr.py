@@ -11,10 +11,12 @@ Ramen's forced failover: Promote with force at the survivor, then Demote and Res
 at the old primary when it comes back."""
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import grpc
 import pytest
+import redis
 
 from drsvc.replication.state import find_state
 from drsvc_lab import NodesLab
@@ -164,6 +166,39 @@ def test_forced_failover_with_resync_on_a_node(two):
     assert A.retry("ResyncVolume", volume_id=v2, force=True).ready is False
     wait_for(lambda: A.retry("ResyncVolume", volume_id=v2, force=True).ready, 60, what="resync to finish")
     assert image_sha(at(two, "a", "n2"), v2) == image_sha(at(two, "b", "n2"), v2)
+
+
+def test_a_promote_its_controller_gave_up_on_is_not_run_late(two):
+    """b's node n2 does not answer (its api worker is down) when b's controller asks it to
+    promote, so the controller gives up (UNAVAILABLE, which Promote answers as UNKNOWN). The operator then keeps the volume at a
+    (Promote with force there). When n2's api worker comes back, the call still queued for
+    it must not promote b's copy too: two primaries. A node's Replication calls expire with
+    their caller's wait (EXPIRING_NODE_OPS in workers/client.py); the CO's retry asks anew."""
+    A, B = two.clients["a"], two.clients["b"]
+    v = on(A, "late-1", "n2")
+    write_random(at(two, "a", "n2"), v, seed=21)
+    A.retry("EnableVolumeReplication", volume_id=v, parameters={"schedulingInterval": "1h"}, sidecar=True)
+    wait_for(lambda: gen(two, "b", "n2", v) >= 1, 60, what="the initial sync")
+    A.retry("DemoteVolume", volume_id=v)
+    run = two.run_of("b")
+    run.stop("api@n2")
+    cfg = two.cfg_of("b")
+    queued = redis.Redis.from_url(cfg.redis_url)
+    try:
+        # UNAVAILABLE inside, answered UNKNOWN: the replication seed's code for it on Promote
+        assert code_of(lambda: B.call("PromoteVolume", volume_id=v)) == grpc.StatusCode.UNKNOWN
+        # the Promote did reach n2's queue (the controller did not stop short of it)
+        assert any(b"replication" in m and b"promote" in m for m in queued.lrange(cfg.api_queue("n2"), 0, -1))
+        A.retry("PromoteVolume", volume_id=v, force=True)
+    finally:
+        run.start("api@n2")
+    two.wait_nodes("b")             # n2 has read its queue: the stale call before this probe
+    log = run.log_file("api@n2")
+    wait_for(lambda: "Discarding revoked task" in log.read_text(), 30, what="n2's api worker to drop the call")
+    time.sleep(2)                   # were it run, its promote task would have landed by now
+    assert find_state(two.pool("n2", "b"), v).role == "secondary"
+    assert find_state(two.pool("n2", "a"), v).role == "primary"
+    A.retry("DisableVolumeReplication", volume_id=v)
 
 
 def test_a_nodes_exporter_shows_its_units(two):
