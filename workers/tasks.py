@@ -13,6 +13,7 @@ import time
 import redis
 from celery.exceptions import Ignore
 
+from drsvc.config import DATA_OPS
 from drsvc.dispatch import error_to_dict
 from drsvc.errors import BrokerUnreachable, DrsvcError, TaskSuperseded, Unavailable
 
@@ -76,8 +77,9 @@ def _take_slot(app, r, peer: str, task_id: str):
 # still waits (their claim is theirs). A copy of one that outlived its caller (a message
 # redelivered by the visibility sweep after a Redis restart, or published twice) would
 # otherwise act later on a unit whose role has moved on since: promote it again, or demote
-# the site the operator has since failed over to. Syncs are run by whoever sends them.
-FENCED_OPS = frozenset({"promote", "demote", "resync", "enable", "disable"})
+# the site the operator has since failed over to. Every operation but the data queue's
+# (syncs, run by whoever sends them, a scheduler included, and harmless twice).
+FENCED_OPS = frozenset(OPS) - DATA_OPS
 
 
 def _hold_claim(cfg, r, unit_id: str, task_id: str) -> bool | None:
