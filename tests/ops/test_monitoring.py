@@ -85,7 +85,10 @@ def test_counters_take_in_a_scheduled_sync_that_ran_before_sync_now(lab):
     lab.clients["a"].retry("EnableVolumeReplication", volume_id=vol, parameters={"schedulingInterval": "1h"})
     wait_for(lambda: generation(sa, vol) >= 1, 60, what="the initial sync")
     c = DrClient(sa.endpoint, timeout=120)
-    before = c.status(volume_id=vol)
+    # the generation lands at the commit; the sync's counters a moment later (jobs: after
+    # sync_unit returns). Read them once the initial sync is counted (CI read 0 before it).
+    before = wait_for(lambda: (st := c.status(volume_id=vol))["syncs_total"] >= 1 and st, 60,
+                      what="the initial sync's counters")
     wrote = 0
     with open(sa.pool / "images" / f"{vol}.img", "r+b") as f:
         for i in range(32):                           # 2 MiB at distinct offsets
