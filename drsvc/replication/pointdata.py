@@ -113,7 +113,8 @@ def clip(m, want):
     if not len(m) or not len(ws):
         return no_map()
     ms, me = m[:, 0], m[:, 0] + m[:, 1]
-    pts = np.unique(np.concatenate([ms, me, ws, we]))
+    from .extentplan import boundaries
+    pts = boundaries(ms, me, ws, we)
     lo, hi = pts[:-1], pts[1:]
     row = np.searchsorted(ms, lo, side="right") - 1
     rc = np.maximum(row, 0)

@@ -88,3 +88,15 @@ def test_changed_runs_array_path_equals_block_by_block(kinds):
     assert {b + i: z for b, c, z in got for i in range(c)} == blocks
     for (b1, c1, z1), (b2, _, z2) in zip(got, got[1:], strict=False):   # maximal runs
         assert b1 + c1 < b2 or z1 != z2
+
+
+@given(st.lists(st.lists(st.integers(-5, 40).map(lambda x: x * BS), max_size=30), max_size=4))
+@settings(max_examples=200, deadline=None)
+def test_boundaries_are_the_sorted_distinct_values(arrays):
+    """extentplan.boundaries (a sort and a mask) gives what np.unique gives, for any
+    number of arrays, empty ones and repeats included."""
+    arrs = [np.asarray(a, dtype=np.int64) for a in arrays]
+    want = np.unique(np.concatenate(arrs)) if arrs else np.zeros(0, dtype=np.int64)
+    got = extentplan.boundaries(*arrs)
+    assert got.dtype == np.int64
+    assert got.tolist() == want.tolist()
