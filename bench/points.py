@@ -229,7 +229,7 @@ def _seed_read(pool: Path, unit: str) -> float:
     from drsvc.replication.state import get_state
     layout, st = PoolLayout(pool), get_state(pool, unit)
     t = time.monotonic()
-    prepared = prepare(layout, st, list(st.members), mountpoints=(), bs=st.block_size, txid=uuid.uuid4().hex,
+    prepared = prepare(layout, st, list(st.members), bs=st.block_size, txid=uuid.uuid4().hex,
                        target=st.generation, base_generation=st.generation, mode="delta")
     dt = time.monotonic() - t
     shutil.rmtree(prepared.dir)

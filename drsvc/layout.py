@@ -14,6 +14,7 @@ name, so no path escapes the pool::
     groups/<group_id>.json                      volume groups
     group_snapshots/<id>.json                   volume group snapshots (members live in snapshots/)
     locks/<key>.lock                            flock files (per volume, per name)
+    locks/<volume_id>.mount.lock                held shared by captures of its mounted filesystem
     replication/<unit_id>/state.json            UnitState (drsvc.replication.state)
     replication/<unit_id>/control.json          this site's settings and outcomes (replication.control)
     replication/<unit_id>/snap/<gen>/           sender: reflink snapshots + block maps
@@ -88,6 +89,10 @@ class PoolLayout:
 
     def lock(self, key: str) -> Path:
         return self.root / "locks" / f"{key}.lock"
+
+    def mount_lock(self, volume_id: str) -> Path:
+        """Held shared while a capture holds the volume's staged filesystem, exclusively by its unmount."""
+        return self.lock(f"{check_id(volume_id, 'volume_id')}.mount")
 
     @staticmethod
     def staging_image(final: Path) -> Path:

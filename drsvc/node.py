@@ -23,6 +23,7 @@ from .volumes import VolumeService, check_capabilities
 
 log = logging.getLogger(__name__)
 MAX_VOLUMES_PER_NODE = 256
+UNMOUNT_WAIT_S = 30.0      # how long an unstage waits for a capture holding the filesystem open
 
 
 @dataclass(frozen=True)
@@ -112,12 +113,18 @@ class NodeService:
     @contextlib.contextmanager
     def consistent(self, volume_id: str):
         """Freeze the volume's filesystem if it is mounted here (for snapshots)."""
-        st = self.find_state(volume_id)
-        if st and st.access_type == MOUNT and st.staging_path and mounts.is_mounted(st.staging_path):
-            with freeze.frozen([st.staging_path]):
-                yield
-        else:
+        with self.mounts_held([volume_id]) as mountpoints, freeze.frozen(mountpoints):
             yield
+
+    @contextlib.contextmanager
+    def mounts_held(self, volume_ids):
+        """The staging mountpoints of those of *volume_ids* mounted here, kept mounted for
+        the with-block: an unstage waits for its end (``Pool.mount_lock``), so a capture never
+        opens a staging path that is being unmounted, nor makes the unmount fail busy."""
+        with contextlib.ExitStack() as stack:
+            for vid in sorted(set(volume_ids)):
+                stack.enter_context(self.pool.mount_lock(vid, shared=True))
+            yield [mp for vid in volume_ids if (mp := self.mountpoint(vid))]
 
     def mountpoint(self, volume_id: str) -> str | None:
         st = self.find_state(volume_id)
@@ -187,7 +194,8 @@ class NodeService:
             live = [t for t in st.targets if mounts.is_mounted(t)]
             if live:
                 raise PreconditionFailed(f"volume {volume_id} is still published at {', '.join(live)}")
-            mounts.ensure_unmounted(staging_path)
+            with self.pool.mount_lock(volume_id, wait=UNMOUNT_WAIT_S):
+                mounts.ensure_unmounted(staging_path)
             loop.detach_image(self.pool.image(volume_id))
             store.remove(self.pool.node_state(volume_id))
             log.info("volume %s unstaged from %s", volume_id, staging_path)

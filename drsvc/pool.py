@@ -87,6 +87,15 @@ class Pool:
         with store.file_lock(self.layout.lock(key), blocking=blocking, key=key):
             yield
 
+    @contextlib.contextmanager
+    def mount_lock(self, volume_id: str, *, shared: bool = False, wait: float | None = None):
+        """Held shared while the volume's staged filesystem is open for a write-back or a
+        freeze (a capture, a snapshot), and exclusively by the unmount that ends its
+        staging, which so waits for them instead of failing busy; *wait* seconds, then
+        OperationInProgress."""
+        with store.file_lock(self.layout.mount_lock(volume_id), shared=shared, wait=wait, key=volume_id):
+            yield
+
     def list_docs(self, subdir: str) -> list[dict]:
         docs = []
         for path in sorted(self.layout.subdir(subdir).glob("*.json")):

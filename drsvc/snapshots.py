@@ -227,7 +227,7 @@ class GroupSnapshotService:
             for s in pending:
                 if not images[s.snapshot_id].exists():
                     raise VolumeNotFound(volume_id=s.source_volume_id)
-            mounts = [mp for s in pending if (mp := self.node.mountpoint(s.source_volume_id))]
+            mounts = stack.enter_context(self.node.mounts_held([s.source_volume_id for s in pending]))
             t0 = time.monotonic()
             with freeze.frozen(mounts):
                 t_frozen = time.monotonic()

@@ -213,15 +213,17 @@ def remove(path: Path) -> bool:
 
 
 @contextlib.contextmanager
-def file_lock(path: Path, *, blocking: bool = True, key: str | None = None, wait: float | None = None):
-    """An flock held across processes. Non-blocking raises OperationInProgress; with *wait*,
-    it is tried for that many seconds first."""
+def file_lock(path: Path, *, blocking: bool = True, key: str | None = None, wait: float | None = None,
+              shared: bool = False):
+    """An flock held across processes (*shared*: LOCK_SH, which other shared holders share).
+    Non-blocking raises OperationInProgress; with *wait*, it is tried for that many seconds first."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         deadline = time.monotonic() + (wait or 0.0)
         while True:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking and wait is None else fcntl.LOCK_NB))
+                fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+                            | (0 if blocking and wait is None else fcntl.LOCK_NB))
                 break
             except OSError as e:
                 if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):

@@ -3,7 +3,7 @@
 Entry points for the control plane (loaded on first use, so ``python -m
 drsvc.replication.receiver`` starts without loading the sender side):
 
-    sync_unit(pool, unit_id, members, peer, *, mountpoints=(), epoch=None, demote=False,
+    sync_unit(pool, unit_id, members, peer, *, mounts=no_mounts, epoch=None, demote=False,
               mode="delta"|"compare", ...) -> SyncReport
     verify_unit(pool, unit_id, peer) -> VerifyReport
     peer_status(peer, unit_id) -> dict

@@ -45,7 +45,7 @@ import xxhash
 
 from ..errors import VolumeNotFound
 from ..host.fiemap import EXTENT_DTYPE, fiemap_array
-from ..host.freeze import frozen, write_back
+from ..host.freeze import MountsHeld, frozen, no_mounts, write_back
 from ..host.reflink import clone_file, clone_range
 from . import plan as planner
 from .blockmap import punch_hole
@@ -150,10 +150,12 @@ class _Sources:
         return Path(self.images[vol]) if vol in self.images else self.layout.image(vol)
 
 
-def capture(layout, members, dest: Path, mountpoints=(), bases: dict | None = None, *,
+def capture(layout, members, dest: Path, mounts: MountsHeld = no_mounts, bases: dict | None = None, *,
             block_size: int = 4096, timings: dict | None = None, meet=None,
             images: dict | None = None) -> dict[str, Captured]:
-    """Capture *members* into *dest*. bases: volume id -> acked base image (overlay
+    """Capture *members* into *dest*. mounts: holds the members' mounted filesystems
+    mounted while the capture writes them back and freezes them, and yields their
+    mountpoints (``NodeService.mounts_held``). bases: volume id -> acked base image (overlay
     eligible) or None (full). timings gets freeze_s (the frozen window). meet: called
     frozen, before any clone; returns once the other nodes of a spanning group are
     frozen too (timings gets its return value as ``round`` and its wait as ``cut_wait_s``).
@@ -167,19 +169,20 @@ def capture(layout, members, dest: Path, mountpoints=(), bases: dict | None = No
     checks = {}
     later: list = []                 # range and extent files, written once the freeze is over
     t0 = time.monotonic()
-    pre = _precopy_all(layout, dest, base_ext, block_size, mountpoints)
-    t_pre = time.monotonic()
-    with frozen(mountpoints):
-        t_frozen, frozen_at = time.monotonic(), time.time()
-        if meet is not None and timings is not None:
-            timings["round"] = meet()
-            timings["cut_wait_s"] = round(time.monotonic() - t_frozen, 4)
-        for vol in members:
-            out[vol], check = _capture_member(layout.image(vol), dest, vol, base_ext.get(vol), block_size,
-                                              pre.get(vol), later, settle=not mountpoints)
-            if check is not None:
-                checks[vol] = check
-        t_thaw = time.monotonic()
+    with mounts() as mountpoints:
+        pre = _precopy_all(layout, dest, base_ext, block_size, mountpoints)
+        t_pre = time.monotonic()
+        with frozen(mountpoints):
+            t_frozen, frozen_at = time.monotonic(), time.time()
+            if meet is not None and timings is not None:
+                timings["round"] = meet()
+                timings["cut_wait_s"] = round(time.monotonic() - t_frozen, 4)
+            for vol in members:
+                out[vol], check = _capture_member(layout.image(vol), dest, vol, base_ext.get(vol), block_size,
+                                                  pre.get(vol), later, settle=not mountpoints)
+                if check is not None:
+                    checks[vol] = check
+            t_thaw = time.monotonic()
     for write in later:
         write()
     if timings is not None:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..errors import PeerUnreachable
+from ..host.freeze import MountsHeld, no_mounts
 from ..transport import LinkHints, Peer
 from ..transport.bandwidth import Bandwidth
 from .cut import Cut
@@ -52,7 +53,7 @@ class Job:
     unit_id: str
     members: list[str]
     peer: Peer
-    mountpoints: tuple[str, ...] = ()
+    mounts: MountsHeld = no_mounts   # holds the members' mounted filesystems during the capture
     epoch: int = 0
     demote: bool = False
     mode: str = "delta"

@@ -49,8 +49,9 @@ class ReplicationJobs:
             return list(g.volume_ids) if g else list(c.members)
         return [c.unit_id]
 
-    def _mountpoints(self, members) -> list[str]:
-        return [mp for v in members if (mp := self.node.mountpoint(v))]
+    def _mounts(self, members):
+        """The capture's hold on the members' staged filesystems (``NodeService.mounts_held``)."""
+        return lambda: self.node.mounts_held(members)
 
     def _origin(self, c: Control, ships=(), point: dict | None = None) -> dict:
         """What the peer must know to take over: sent with every delta. With recovery points:
@@ -149,7 +150,7 @@ class ReplicationJobs:
                 sync_unit(self.pool, c.unit_id, members, peer, kind=c.kind, bandwidth=self._limiter(c),
                           origin=self._origin(c, ships, ship.point), sources=ship.sources)
                 self._shipped(c, ship.snapshot_id, ships)
-            report = sync_unit(self.pool, c.unit_id, members, peer, mountpoints=self._mountpoints(members),
+            report = sync_unit(self.pool, c.unit_id, members, peer, mounts=self._mounts(members),
                                demote=demote, kind=c.kind, bandwidth=self._limiter(c),
                                origin=self._origin(c, ships), cut=cut)
         except OperationInProgress:

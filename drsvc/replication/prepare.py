@@ -20,6 +20,7 @@ from pathlib import Path
 from .. import store
 from ..errors import CorruptMetadata
 from ..host.fiemap import fiemap_array
+from ..host.freeze import MountsHeld, no_mounts
 from ..host.reflink import data_ranges
 from . import extentplan  # noqa: F401 - numpy loads with the sender, not inside a worker's first sync
 from . import plan as planner
@@ -82,7 +83,7 @@ class Baseline:
                 and self.meta.get(vol, {}).get("reflinked", False))
 
 
-def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int, txid: str,
+def prepare(layout: PoolLayout, st: UnitState, members, *, mounts: MountsHeld = no_mounts, bs: int, txid: str,
             target: int, base_generation: int, mode: str, peer_maps: dict | None = None,
             cut: Cut | None = None, sources: dict | None = None, pipelined: bool = False,
             wire_rate: float = 0.0) -> Prepared:
@@ -102,7 +103,7 @@ def prepare(layout: PoolLayout, st: UnitState, members, *, mountpoints, bs: int,
     timings: dict = {}
     meet = (lambda: cut.frozen(st.epoch, st.generation)) if cut is not None else None
     try:
-        captured = capture(layout, members, tmp, mountpoints, baseline.overlay_bases(members), block_size=bs,
+        captured = capture(layout, members, tmp, mounts, baseline.overlay_bases(members), block_size=bs,
                            timings=timings, meet=meet, images=sources)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)      # nothing half-captured stays (a cut not met, a lost image)

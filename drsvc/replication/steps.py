@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 def prepare_for(a: Attempt, **kw) -> Prepared:
     """Capture and plan a generation of the attempt's unit (``prepare.prepare``)."""
     j = a.job
-    return prepare(j.layout, a.st, j.members, mountpoints=j.mountpoints, bs=a.st.block_size, cut=j.cut,
+    return prepare(j.layout, a.st, j.members, mounts=j.mounts, bs=a.st.block_size, cut=j.cut,
                    sources=j.sources, **kw)
 
 

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from .. import store
 from ..errors import InvalidParameter, NotPrimary, StaleEpoch
+from ..host.freeze import MountsHeld, no_mounts
 from ..transport import LinkHints
 from ..transport.bandwidth import Bandwidth, TokenBucket, combine
 from .blockmap import DEFAULT_BLOCK_SIZE, check_block_size
@@ -82,7 +83,7 @@ def open_apply_session(job: Job) -> ApplySession:
     return ApplySession(job.peer, job.unit_id, bandwidth=job.bandwidth)
 
 
-def sync_unit(pool, unit_id: str, members, peer, *, mountpoints=(), epoch: int | None = None,
+def sync_unit(pool, unit_id: str, members, peer, *, mounts: MountsHeld = no_mounts, epoch: int | None = None,
               demote: bool = False, mode: str = "delta", kind: str | None = None,
               block_size: int | None = None, bwlimit: float | None = None,
               compress: str = "auto", origin: dict | None = None, attempts: int = 1,
@@ -90,8 +91,9 @@ def sync_unit(pool, unit_id: str, members, peer, *, mountpoints=(), epoch: int |
               link: LinkHints | None = None, sources: dict | None = None) -> SyncReport:
     """Replicate one volume or group to *peer* and return the report (also kept in state.json).
 
-    members: the volume ids of the unit (one for a volume unit). mountpoints:
-    filesystems to freeze during the snapshot. epoch: the fencing epoch (None:
+    members: the volume ids of the unit (one for a volume unit). mounts: holds the
+    members' mounted filesystems (to write back and freeze) during the capture and yields
+    their mountpoints (``NodeService.mounts_held``). epoch: the fencing epoch (None:
     the unit's). demote: carry a planned-failover demotion mark and make this
     site secondary once the peer commits. mode "compare": diff against the
     peer's block hashes instead of our acked snapshot (resync after split brain).
@@ -121,7 +123,7 @@ def sync_unit(pool, unit_id: str, members, peer, *, mountpoints=(), epoch: int |
     with store.file_lock(layout.lock_path(unit_id), blocking=False, key=unit_id):
         st = _primary_state(pool, unit_id, members, kind=kind, epoch=epoch, block_size=block_size)
         report.epoch = epoch = st.epoch if epoch is None else epoch
-        job = Job(layout, unit_id, members, peer, mountpoints=tuple(mountpoints), epoch=epoch,
+        job = Job(layout, unit_id, members, peer, mounts=mounts, epoch=epoch,
                   demote=demote, mode=mode, compress=compress, origin=origin, cut=cut, link=link,
                   bandwidth=combine(TokenBucket(bwlimit) if bwlimit else None, bandwidth), sources=sources)
         planner = SyncPlanner(lambda: _primary_state(pool, unit_id, members, kind=kind, epoch=epoch,

@@ -50,7 +50,7 @@ def seed_base(pool, unit_id: str) -> str | None:
         else:
             log.info("%s: no block maps of the replica at generation %d; planning the base from "
                      "its images", unit_id, st.generation)
-            prepared = prepare(layout, st, list(st.members), mountpoints=(), bs=st.block_size, txid=txid,
+            prepared = prepare(layout, st, list(st.members), bs=st.block_size, txid=txid,
                                target=st.generation, base_generation=st.generation, mode="delta")
         shutil.rmtree(final, ignore_errors=True)
         os.rename(prepared.dir, final)

@@ -55,7 +55,7 @@ ALLOWED_POOL = re.compile(
     r"|images/vol-[0-9a-f]{24}\.img|volumes/vol-[0-9a-f]{24}\.json"
     r"|snapshots/snap-[0-9a-f]{24}\.(img|json)|names/(volume|snapshot|group-snapshot)-[0-9a-f]{40}\.json"
     r"|group_snapshots/gsnap-[0-9a-f]{24}\.json"
-    r"|node/vol-[0-9a-f]{24}\.json|locks/((vol|snap|gsnap)-[0-9a-f]{24}|(volume|snapshot|group-snapshot)-[0-9a-f]{40})\.lock)$")
+    r"|node/vol-[0-9a-f]{24}\.json|locks/((vol|snap|gsnap)-[0-9a-f]{24}(\.mount)?|(volume|snapshot|group-snapshot)-[0-9a-f]{40})\.lock)$")
 
 
 def cases(vol_id: str, snap_id: str, staged: str, staging: Path, target: Path):

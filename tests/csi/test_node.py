@@ -2,17 +2,23 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 
 import grpc
 import pytest
 
 from csi_plugin.gen import csi_pb2
+from drsvc.host.freeze import FIFREEZE, FITHAW, frozen
 from drsvc.host.mounts import parse_mountinfo
+from drsvc.node import NodeService
+from drsvc.pool import Pool
 from drsvc.store import file_lock
+from drsvc.volumes import VolumeService
 from tests.fixtures.csi import MiB, loops_backing
 
 Code = grpc.StatusCode
@@ -181,3 +187,43 @@ def test_condition_when_loop_detached(plugin, paths):
     plugin.unpublish(vol.volume_id, target)
     plugin.unstage(vol.volume_id, staging)
     plugin.delete(vol.volume_id)
+
+
+
+def test_unstage_waits_for_a_capture_holding_the_filesystem(plugin, paths):
+    """A sync's capture at a primary holds the staged filesystem open (syncfs, then
+    FIFREEZE) while the CO unstages it: in the demo's failover, b's scheduled sync ran as
+    its check unmounted, and NodeUnstageVolume failed with "umount: target is busy". The
+    unstage now waits for the capture (the volume's mount lock), then unmounts."""
+    vol = plugin.create("held", 32 * MiB)
+    staging, _ = paths("held")
+    plugin.stage(vol.volume_id, staging)
+    pool = Pool.existing(plugin.pool)
+    node = NodeService(pool, VolumeService(pool, "test"), "test")
+    with ThreadPoolExecutor(max_workers=1) as ex:
+        with node.mounts_held([vol.volume_id]) as mountpoints, frozen(mountpoints):
+            assert mountpoints == [str(staging)]
+            unstage = ex.submit(plugin.unstage, vol.volume_id, staging)
+            with pytest.raises(FutureTimeout):     # waiting for the capture, not failed busy
+                unstage.result(timeout=2)
+        unstage.result(timeout=60)                 # released: the unmount went through
+    assert str(staging) not in {m.target for m in mountinfo()}
+    assert loops_backing(plugin.pool / "images") == []
+    with node.mounts_held([vol.volume_id]) as mountpoints:
+        assert mountpoints == []                   # nothing staged: a capture freezes nothing
+
+
+
+def test_a_freeze_skips_a_directory_nothing_is_mounted_on(xfs_dir):
+    """A capture handed a staging path whose filesystem is gone must not freeze the
+    filesystem that directory lives on (a node's own). Probed without writing: the
+    filesystem, were it frozen, would refuse a second FIFREEZE with EBUSY."""
+    empty = Path(xfs_dir) / "was-staged"
+    empty.mkdir()
+    with frozen([str(empty)]):
+        fd = os.open(xfs_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.ioctl(fd, FIFREEZE, 0)            # free to freeze: the code above did not
+            fcntl.ioctl(fd, FITHAW, 0)
+        finally:
+            os.close(fd)

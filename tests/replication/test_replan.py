@@ -24,7 +24,7 @@ def _first_copy(a, members):
     layout.ensure_unit_dir("g")
     layout.snap_root("g").mkdir(exist_ok=True)
     st = UnitState(unit_id="g", kind="group", members=list(members))
-    prepared = prepare(layout, st, members, mountpoints=(), bs=DEFAULT_BLOCK_SIZE, txid="t1", target=1,
+    prepared = prepare(layout, st, members, bs=DEFAULT_BLOCK_SIZE, txid="t1", target=1,
                        base_generation=0, mode="delta", pipelined=True)
     return layout, st, prepared
 
