@@ -170,7 +170,6 @@ def main(argv=None) -> int:
         from workers.titles import set_title
         set_title("plugin", cfg)
         app = make_app(cfg)
-        load_result_backend(app)
         thread_init = functools.partial(load_result_backend, app)
         site = Site.from_config(cfg, dispatcher=CeleryDispatcher(app))
         endpoint = args.endpoint or cfg.endpoint
@@ -201,7 +200,6 @@ def _serve_controller(ap, args) -> int:
     from workers.titles import set_title
     set_title("controller", cfg)
     app = make_app(cfg)
-    load_result_backend(app)
     ctl = ClusterController(cfg, NodeDispatcher(app))
     endpoint = args.endpoint or cfg.endpoint
     if not endpoint:

@@ -25,12 +25,12 @@ RESEND_LOST = 2      # a lost task is sent again at most this many times within 
 
 
 def load_result_backend(app: Celery) -> None:
-    """Load Celery's result backend in this thread now, as the plugin starts and before it
-    serves: the first call would otherwise import it and scan the installed packages' entry
-    points for it (0.035-0.05 s here, more under load) on its way, and a DR site's plugin may
-    dispatch nothing before its failover's Promote. It opens no connection. Celery keeps one
-    backend object per thread: the plugin runs this in each gRPC handler thread as it starts
-    them (csi_plugin.server.handler_pool)."""
+    """Load Celery's result backend in this thread now. The plugin runs it in each gRPC
+    handler thread as it starts them, before it serves (csi_plugin.server.handler_pool):
+    Celery keeps one backend object per thread, and the first thread's call also imports
+    it and scans the installed packages' entry points for it (0.035-0.05 s here, more
+    under load), all of which a call would otherwise pay on its way; a DR site's plugin
+    may dispatch nothing before its failover's Promote. It opens no connection."""
     _ = app.backend
 
 
