@@ -150,7 +150,7 @@ class _Sources:
         return Path(self.images[vol]) if vol in self.images else self.layout.image(vol)
 
 
-def capture(layout, members, dest: Path, mounts: MountsHeld = no_mounts, bases: dict | None = None, *,
+def capture(layout, members, dest: Path, *, mounts: MountsHeld = no_mounts, bases: dict | None = None,
             block_size: int = 4096, timings: dict | None = None, meet=None,
             images: dict | None = None) -> dict[str, Captured]:
     """Capture *members* into *dest*. mounts: holds the members' mounted filesystems

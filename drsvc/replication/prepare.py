@@ -103,7 +103,7 @@ def prepare(layout: PoolLayout, st: UnitState, members, *, mounts: MountsHeld = 
     timings: dict = {}
     meet = (lambda: cut.frozen(st.epoch, st.generation)) if cut is not None else None
     try:
-        captured = capture(layout, members, tmp, mounts, baseline.overlay_bases(members), block_size=bs,
+        captured = capture(layout, members, tmp, mounts=mounts, bases=baseline.overlay_bases(members), block_size=bs,
                            timings=timings, meet=meet, images=sources)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)      # nothing half-captured stays (a cut not met, a lost image)

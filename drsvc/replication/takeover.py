@@ -65,7 +65,7 @@ def _from_maps(layout: PoolLayout, st: UnitState, maps: ReplicaMaps, txid: str) 
     shutil.rmtree(tmp, ignore_errors=True)
     t0, at = time.monotonic(), time.time()
     try:
-        captured = capture(layout, list(st.members), tmp, (), {}, block_size=st.block_size)
+        captured = capture(layout, list(st.members), tmp, block_size=st.block_size)
         for vol in st.members:
             maps.copy_to(vol, layout.member_map(tmp, vol))
         PlanWriter(layout.snap_plan(tmp)).close()
