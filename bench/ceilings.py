@@ -160,7 +160,9 @@ def extent_costs(image: Path, phases: list[dict], ranges: list[int]) -> dict:
         os.close(fd)
     out = {"extents": n, "fiemap_s": round(fiemap_s, 4),
            "ranges_cloned": int(statistics.median(ranges)) if ranges else 0}
-    per = [(p.get("precopy_s", 0.0), p.get("adopt_s", 0.0), r) for p, r in zip(phases, ranges, strict=True) if r]
+    # the base's reflinks: rolled ahead beside the stream (preroll_s), else in the adopt
+    per = [(p.get("precopy_s", 0.0), p.get("preroll_s") or p.get("adopt_s", 0.0), r)
+           for p, r in zip(phases, ranges, strict=True) if r]
     if per:
         # precopy includes its FIEMAP of the image: the figure is an upper bound per clone
         out["precopy_us_per_range"] = round(statistics.median(p / r for p, _, r in per) * 1e6, 1)

@@ -14,7 +14,7 @@ def channel_text(ch: dict) -> str:
 def extents_text(ec: dict) -> str:
     """One line of an ``extent_costs`` result."""
     per = (f", {ec['ranges_cloned']} ranges cloned at <= {ec['precopy_us_per_range']:.0f} us (capture) and "
-           f"{ec['adopt_us_per_range']:.0f} us (adopt) each" if "adopt_us_per_range" in ec else "")
+           f"{ec['adopt_us_per_range']:.0f} us (the base roll) each" if "adopt_us_per_range" in ec else "")
     return f"image of {ec['extents']} extents, one FIEMAP {ec['fiemap_s']:.3f} s{per}"
 
 

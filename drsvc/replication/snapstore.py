@@ -9,12 +9,20 @@ Every function is safe to repeat, and the order of side effects makes a retry
 converge: the rename to ``snap/<G+1>`` records the intent before anything is
 sent; ``adopt`` records the new generation in state.json, then rolls the base
 forward, then drops the old base (``recover`` finishes an adopt cut short).
+
+Rolling the base forward is one FICLONERANGE per range the generation changed (2,600 for
+1% of 1 GiB: 0.1 s). ``Preroll`` does it while the generation is on the wire, into a
+reflink of the base (``<vol>.img.next`` beside the overlay; the base itself is untouched
+until the peer commits), so the adopt only renames it in. A generation never adopted takes
+its ``.next`` with it when it is dropped; an adopt that finds none rolls the base in place.
 """
 from __future__ import annotations
 
 import logging
 import os
 import shutil
+import threading
+import time
 from pathlib import Path
 
 from .. import store
@@ -75,14 +83,72 @@ def mark_intent(layout: PoolLayout, unit_id: str, prepared: Prepared) -> Prepare
     return Prepared(final, meta)
 
 
+PREROLLED = ".img.next"      # a member's whole image at the pending generation, rolled ahead
+_PREROLLING = ".img.part"    # being rolled (dropped if found: a roll cut short)
+
+
+def _overlays_to_roll(gen_dir: Path, meta: dict):
+    return [m for m in meta["members"] if m.get("overlay") and not (gen_dir / f"{m['volume_id']}.img").exists()]
+
+
+def preroll(layout: PoolLayout, unit_id: str, gen_dir: Path, meta: dict) -> None:
+    """Roll each overlay member of a pending generation forward into a reflink of its base
+    (``<vol>.img.next``), leaving the base as it is. Repeat-safe."""
+    base_dir = layout.snap_dir(unit_id, meta["base_generation"])
+    for m in _overlays_to_roll(gen_dir, meta):
+        vol = m["volume_id"]
+        done, part = gen_dir / f"{vol}{PREROLLED}", gen_dir / f"{vol}{_PREROLLING}"
+        if done.exists():
+            continue
+        part.unlink(missing_ok=True)
+        try:
+            clone_file(base_dir / f"{vol}.img", part, fsync=False)
+            roll_forward(part, gen_dir, vol, m["size"])     # ends with its fsync
+            os.rename(part, done)
+        except BaseException:
+            part.unlink(missing_ok=True)
+            raise
+
+
+class Preroll:
+    """``preroll`` on a thread, started as a generation goes on the wire. ``join`` before
+    the generation is adopted or dropped; a failed preroll only leaves the adopt its old
+    way (roll the base in place)."""
+
+    def __init__(self, layout: PoolLayout, unit_id: str, gen_dir: Path, meta: dict):
+        self._thread = None
+        self.seconds = 0.0       # the thread's time (the ranges' reflinks, off the sync's path)
+        if _overlays_to_roll(gen_dir, meta):
+            self._thread = threading.Thread(target=self._run, args=(layout, unit_id, gen_dir, meta),
+                                            name=f"preroll-{unit_id}", daemon=True)
+            self._thread.start()
+
+    def _run(self, layout: PoolLayout, unit_id: str, gen_dir: Path, meta: dict) -> None:
+        t = time.monotonic()
+        try:
+            preroll(layout, unit_id, gen_dir, meta)
+        except Exception as e:   # noqa: BLE001 - the adopt rolls the base in place instead
+            log.warning("%s: generation %s not rolled ahead (%s); the adopt rolls it", unit_id,
+                        meta.get("generation"), e)
+        self.seconds = time.monotonic() - t
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+
 def _roll(layout: PoolLayout, unit_id: str, gen_dir: Path, meta: dict) -> None:
-    """Give every overlay member of an adopted generation its whole image: the base
-    image rolled forward in place, then moved in. Repeat-safe (see recover)."""
+    """Give every overlay member of an adopted generation its whole image: the one rolled
+    ahead (``preroll``), else the base image rolled forward in place, then moved in.
+    Repeat-safe (see recover)."""
     base_dir = layout.snap_dir(unit_id, meta["base_generation"])
     moved = False
-    for m in meta["members"]:
+    for m in _overlays_to_roll(gen_dir, meta):
         vol = m["volume_id"]
-        if not m.get("overlay") or (gen_dir / f"{vol}.img").exists():
+        if (gen_dir / f"{vol}{PREROLLED}").exists():
+            os.rename(gen_dir / f"{vol}{PREROLLED}", gen_dir / f"{vol}.img")
+            moved = True
             continue
         base_img = base_dir / f"{vol}.img"
         if not base_img.exists():
@@ -94,7 +160,7 @@ def _roll(layout: PoolLayout, unit_id: str, gen_dir: Path, meta: dict) -> None:
         store.fsync_dir(gen_dir)
         store.fsync_dir(base_dir)
     for m in meta["members"]:
-        for suffix in (".delta", ".ranges", ".clear"):
+        for suffix in (".delta", ".ranges", ".clear", PREROLLED, _PREROLLING):
             (gen_dir / f"{m['volume_id']}{suffix}").unlink(missing_ok=True)
 
 

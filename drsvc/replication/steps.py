@@ -25,7 +25,7 @@ from .driver import Attempt, Job, Refused
 from .faults import failpoint
 from .generation import Prepared
 from .prepare import prepare
-from .snapstore import adopt, mark_intent
+from .snapstore import Preroll, adopt, mark_intent
 from .stream import stream
 from .striping import stated_rate
 
@@ -167,9 +167,12 @@ class Ship(Step):
             prepared.settle()        # only a one flight sends records while the plan still reads
         # it may now exist at the peer (a generation still planning holds its intent already)
         a.prepared = mark_intent(j.layout, j.unit_id, prepared)
+        # the base's roll forward, while the generation is on the wire (``snapstore.Preroll``)
+        rolling = Preroll(j.layout, j.unit_id, a.prepared.dir, meta)
         try:
             self._send(a)
         except BaseException:
+            rolling.join()
             if j.cut is not None and a.prepared is not None:
                 j.cut.fail(rid)      # the others need not wait for a vote that will not come
             raise
@@ -178,12 +181,20 @@ class Ship(Step):
         if j.cut is not None:
             failpoint("sender.after_prepare")
             t = time.monotonic()
-            commit = j.cut.vote(rid)
+            try:
+                commit = j.cut.vote(rid)
+            finally:
+                rolling.join()
             a.report.phases["vote_s"] = round(time.monotonic() - t, 4)
             failpoint("sender.after_vote")
             a.session.decide(meta["txid"], commit)
             if not commit:
                 self._drop(a, prepared, "did not prepare it in time")
+        t = time.monotonic()
+        rolling.join()
+        # preroll_s: the base's roll forward, beside the stream; roll_wait_s: what of it was not
+        a.report.phases["preroll_s"] = round(rolling.seconds, 4)
+        a.report.phases["roll_wait_s"] = round(time.monotonic() - t, 4)
         failpoint("sender.after_commit")
         a.report.duration_s = time.monotonic() - a.t0
         t = time.monotonic()

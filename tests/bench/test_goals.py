@@ -71,7 +71,7 @@ def test_ceilings_are_shown_beside_the_goals_they_bound():
         "215 MB/s (an SSH channel alone: 250 MB/s drsvc's, 330 MB/s OpenSSH's; the peer's pool writes 140 MB/s)")
     assert got["aged cold: <= 1.5 x floor_s + 50 ms"].endswith(
         "[image of 108824 extents, one FIEMAP 0.360 s, 2560 ranges cloned at <= 160 us (capture) "
-        "and 80 us (adopt) each]")
+        "and 80 us (the base roll) each]")
     assert verdicts({"cold": True, "cases": [full, aged]})["full: >= 400 MB/s"] is False
 
 

@@ -1,0 +1,119 @@
+"""The sender's base rolls forward while the generation is on the wire (``snapstore.Preroll``).
+
+The overlay capture leaves the new generation's changed ranges beside its base; the base
+must become that generation once the peer commits. The roll (one reflink per range) is
+made into a reflink of the base while the records travel, so the adopt only renames it
+in; the base itself stays as it was until then, so a generation the peer never commits
+leaves a base still good for the next delta. Real XFS, real receiver processes.
+"""
+import logging
+import os
+
+import pytest
+
+from drsvc.errors import DrsvcError
+from drsvc.replication import snapstore, sync_unit
+from drsvc.replication.layout import PoolLayout
+from drsvc.replication.state import get_state
+from drsvc.transport.local import LocalPeer
+from tests.fixtures.xfs import need
+
+from .conftest import make_image, new_sites, same_images, sha, write_at
+
+MiB = 1 << 20
+SIZE = 16 * MiB
+
+
+def _seeded(root):
+    """A volume synced once (generation 1, a whole base image) and changed since."""
+    need("mkfs.xfs")
+    a, b = new_sites(root)
+    img = a / "images" / "v.img"
+    make_image(img, SIZE, [(0, os.urandom(SIZE))])
+    peer = LocalPeer(b)
+    sync_unit(a, "v", ["v"], peer)
+    for off in (1 * MiB, 5 * MiB + 8192, 11 * MiB):
+        write_at(img, off, os.urandom(64 << 10))
+    return a, b, img, peer, PoolLayout(a)
+
+
+def _ino(path) -> int:
+    return os.stat(path).st_ino
+
+
+def _leftovers(d) -> list:
+    return sorted(p.name for p in d.iterdir() if p.name.endswith((".next", ".part", ".delta", ".ranges", ".clear")))
+
+
+def test_the_adopt_takes_the_image_rolled_while_on_the_wire(xfs_mod):
+    a, b, img, peer, layout = _seeded(xfs_mod)
+    base = layout.snap_dir("v", 1) / "v.img"
+    base_ino = _ino(base)
+    rep = sync_unit(a, "v", ["v"], peer)
+    assert rep.steps == ["sync"] and rep.ranges_cloned > 0        # an overlay capture
+    new_base = layout.snap_dir("v", 2) / "v.img"
+    # rolled into a reflink of the base, not the base rolled in place and moved
+    assert _ino(new_base) != base_ino
+    assert rep.phases["preroll_s"] > 0 and "roll_wait_s" in rep.phases
+    assert sha(new_base) == sha(img)
+    assert not layout.snap_dir("v", 1).exists() and _leftovers(layout.snap_dir("v", 2)) == []
+    same_images(a, b, ["v"])
+    write_at(img, 3 * MiB, os.urandom(MiB))                      # the next delta plans against it
+    assert sync_unit(a, "v", ["v"], peer).bytes_changed == MiB
+    same_images(a, b, ["v"])
+
+
+def test_a_generation_the_peer_did_not_commit_leaves_the_base_as_it_was(xfs_mod):
+    a, b, img, peer, layout = _seeded(xfs_mod)
+    base = layout.snap_dir("v", 1) / "v.img"
+    before = sha(base)
+    with pytest.raises(DrsvcError):
+        sync_unit(a, "v", ["v"], LocalPeer(b, env={"DRSVC_FAILPOINTS": "receiver.before_commit"}))
+    assert get_state(a, "v").generation == 1
+    assert sha(base) == before                                   # still generation 1
+    rolled = layout.snap_dir("v", 2) / f"v{snapstore.PREROLLED}"
+    assert sha(rolled) == sha(img)
+    rolled_ino = _ino(rolled)
+    rep = sync_unit(a, "v", ["v"], peer)                         # resumes generation 2, then adopts it
+    assert "resume" in rep.steps and get_state(a, "v").generation == 2
+    assert _ino(layout.snap_dir("v", 2) / "v.img") == rolled_ino
+    same_images(a, b, ["v"])
+
+
+def test_an_adopt_cut_short_after_the_state_finishes_with_the_rolled_image(xfs_mod, monkeypatch):
+    """The state records generation 2, then the process stops before the rename: the next
+    sync's ``recover`` renames the rolled image in (the base was never touched)."""
+    a, b, img, peer, layout = _seeded(xfs_mod)
+    real_roll = snapstore._roll
+
+    def stop(*args):
+        raise KeyboardInterrupt("stopped between the state and the roll")
+    monkeypatch.setattr(snapstore, "_roll", stop)
+    with pytest.raises(KeyboardInterrupt):
+        sync_unit(a, "v", ["v"], peer)
+    monkeypatch.setattr(snapstore, "_roll", real_roll)
+    assert get_state(a, "v").generation == 2
+    d = layout.snap_dir("v", 2)
+    rolled_ino = _ino(d / f"v{snapstore.PREROLLED}")
+    assert not (d / "v.img").exists()
+    rep = sync_unit(a, "v", ["v"], peer)
+    assert rep.steps == ["sync"] and rep.records == 0
+    assert not d.exists() and _ino(layout.snap_dir("v", 3) / "v.img") != rolled_ino   # rolled on
+    assert sha(layout.snap_dir("v", 3) / "v.img") == sha(img)
+    same_images(a, b, ["v"])
+
+
+def test_a_failed_preroll_leaves_the_adopt_its_roll_in_place(xfs_mod, monkeypatch, caplog):
+    a, b, img, peer, layout = _seeded(xfs_mod)
+    base_ino = _ino(layout.snap_dir("v", 1) / "v.img")
+
+    def no_space(*args, **kw):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(snapstore, "clone_file", no_space)
+    with caplog.at_level(logging.WARNING, logger="drsvc.replication.snapstore"):
+        sync_unit(a, "v", ["v"], peer)
+    assert "not rolled ahead" in caplog.text
+    d = layout.snap_dir("v", 2)
+    assert _ino(d / "v.img") == base_ino                         # the base, rolled in place, moved in
+    assert sha(d / "v.img") == sha(img) and _leftovers(d) == []
+    same_images(a, b, ["v"])
