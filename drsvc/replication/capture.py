@@ -107,6 +107,18 @@ def save_extents(path: Path, extents, size: int) -> None:
         f.write(_EXT_HEADER.pack(EXTENTS_MAGIC, size, xxhash.xxh3_64_intdigest(raw)) + raw)
 
 
+def overlay_counts(overlay_dir: Path, vol: str) -> tuple[int, int | None]:
+    """(ranges cloned, extents of the captured image) of an overlay member, from the sizes
+    of its ``.ranges`` and ``.extents`` files (None: no extent map kept)."""
+    import numpy as np
+    ranges = os.stat(overlay_dir / f"{vol}.ranges").st_size // 16
+    try:
+        n = os.stat(overlay_dir / f"{vol}.extents").st_size - _EXT_HEADER.size
+    except FileNotFoundError:
+        return ranges, None
+    return ranges, max(0, n) // np.dtype(EXTENT_DTYPE).itemsize
+
+
 def load_extents(path: Path, size: int):
     """The cached extent map of an image of *size* bytes, or None (absent, torn, other size)."""
     import numpy as np

@@ -117,3 +117,36 @@ def test_a_failed_preroll_leaves_the_adopt_its_roll_in_place(xfs_mod, monkeypatc
     assert _ino(d / "v.img") == base_ino                         # the base, rolled in place, moved in
     assert sha(d / "v.img") == sha(img) and _leftovers(d) == []
     same_images(a, b, ["v"])
+
+
+def test_an_image_of_many_extents_per_range_changed_is_rolled_in_place(tmp_path):
+    """The rule: the whole-base reflink costs per extent, so a generation changing few ranges
+    of a fragmented image is not rolled ahead (its extent count comes from the capture's
+    kept extent map, its ranges from ``.ranges``)."""
+    import numpy as np
+
+    from drsvc.host.fiemap import EXTENT_DTYPE
+    from drsvc.replication.capture import _EXT_HEADER
+
+    def overlay(ranges, extents):
+        (tmp_path / "v.ranges").write_bytes(bytes(16 * ranges))
+        (tmp_path / "v.extents").write_bytes(bytes(_EXT_HEADER.size + extents * np.dtype(EXTENT_DTYPE).itemsize))
+        return snapstore.worth_rolling_ahead(tmp_path, "v")
+    assert overlay(2595, 15133)                 # 1% of a 1 GiB image, as the bench's
+    assert not overlay(2594, 112053)            # 1% of the aged one
+    assert overlay(2, 4000)                     # a small image, whatever it changed
+    assert overlay(26000, 40000)                # 10%
+    (tmp_path / "v.extents").unlink()
+    assert not snapstore.worth_rolling_ahead(tmp_path, "v")     # no extent map kept: unknown
+
+
+def test_a_generation_not_worth_rolling_ahead_is_rolled_at_the_adopt(xfs_mod, monkeypatch):
+    a, b, img, peer, layout = _seeded(xfs_mod)
+    base_ino = _ino(layout.snap_dir("v", 1) / "v.img")
+    monkeypatch.setattr(snapstore, "PREROLL_SMALL", 0)
+    monkeypatch.setattr(snapstore, "PREROLL_EXTENTS_PER_RANGE", 0)
+    rep = sync_unit(a, "v", ["v"], peer)
+    d = layout.snap_dir("v", 2)
+    assert rep.phases["preroll_s"] == 0 and _ino(d / "v.img") == base_ino
+    assert sha(d / "v.img") == sha(img) and _leftovers(d) == []
+    same_images(a, b, ["v"])
