@@ -129,9 +129,9 @@ def preroll(layout: PoolLayout, unit_id: str, gen_dir: Path, meta: dict) -> None
 
 
 class Preroll:
-    """``preroll`` on a thread, started as a generation goes on the wire. ``join`` before
-    the generation is adopted or dropped; a failed preroll only leaves the adopt its old
-    way (roll the base in place)."""
+    """``preroll`` on a thread, started (``start``, once) as a generation goes on the wire.
+    ``join`` before the generation is adopted or dropped; a failed preroll only leaves the
+    adopt its old way (roll the base in place)."""
 
     def __init__(self, layout: PoolLayout, unit_id: str, gen_dir: Path, meta: dict):
         self._thread = None
@@ -139,6 +139,9 @@ class Preroll:
         if any(worth_rolling_ahead(gen_dir, m["volume_id"]) for m in _overlays_to_roll(gen_dir, meta)):
             self._thread = threading.Thread(target=self._run, args=(layout, unit_id, gen_dir, meta),
                                             name=f"preroll-{unit_id}", daemon=True)
+
+    def start(self) -> None:
+        if self._thread is not None and self._thread.ident is None:
             self._thread.start()
 
     def _run(self, layout: PoolLayout, unit_id: str, gen_dir: Path, meta: dict) -> None:
@@ -151,9 +154,9 @@ class Preroll:
         self.seconds = time.monotonic() - t
 
     def join(self) -> None:
-        if self._thread is not None:
+        if self._thread is not None and self._thread.ident is not None:
             self._thread.join()
-            self._thread = None
+        self._thread = None
 
 
 def _roll(layout: PoolLayout, unit_id: str, gen_dir: Path, meta: dict) -> None:

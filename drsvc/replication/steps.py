@@ -167,10 +167,13 @@ class Ship(Step):
             prepared.settle()        # only a one flight sends records while the plan still reads
         # it may now exist at the peer (a generation still planning holds its intent already)
         a.prepared = mark_intent(j.layout, j.unit_id, prepared)
-        # the base's roll forward, while the generation is on the wire (``snapstore.Preroll``)
+        # the base's roll forward, while the generation is on the wire (``snapstore.Preroll``);
+        # beside a plan still reading it would slow the plan's reads, so it waits for the plan
         rolling = Preroll(j.layout, j.unit_id, a.prepared.dir, meta)
+        if a.prepared.planning is None:
+            rolling.start()
         try:
-            self._send(a)
+            self._send(a, rolling.start)
         except BaseException:
             rolling.join()
             if j.cut is not None and a.prepared is not None:
@@ -203,15 +206,21 @@ class Ship(Step):
         a.report.phases["adopt_s"] = round(time.monotonic() - t, 4)
         a.prepared = None
 
-    def _send(self, a: Attempt) -> None:
-        """Stream ``a.prepared``; on a failure, leave it as the next attempt needs it."""
+    def _send(self, a: Attempt, planned) -> None:
+        """Stream ``a.prepared``; on a failure, leave it as the next attempt needs it.
+        *planned* runs once its plan is whole, before the trailer."""
         j = a.job
+        prepared = a.prepared
+
+        def before_trailer():
+            prepared.settle()
+            planned()
         try:
             stream(a.session, a.prepared, a.report, unit_id=j.unit_id, epoch=j.epoch, demote=j.demote,
                    kind=a.st.kind, compress=j.compress, origin=j.origin,
                    progress_path=health.progress_path(j.layout.root, j.unit_id), two_phase=j.cut is not None,
                    one_flight=a.one_flight, link=j.link, bwlimit=rate_of(j.bandwidth),
-                   before_trailer=a.prepared.settle)
+                   before_trailer=before_trailer)
         except Refused:
             # refused before the peer journaled anything: the generation is not there. It is as
             # fresh as an early capture, and planned for as one (dropped unless a step takes it)

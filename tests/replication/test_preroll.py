@@ -150,3 +150,15 @@ def test_a_generation_not_worth_rolling_ahead_is_rolled_at_the_adopt(xfs_mod, mo
     assert rep.phases["preroll_s"] == 0 and _ino(d / "v.img") == base_ino
     assert sha(d / "v.img") == sha(img) and _leftovers(d) == []
     same_images(a, b, ["v"])
+
+
+def test_a_delta_planned_beside_the_stream_is_rolled_once_its_plan_is_whole(xfs_mod):
+    """Over a slow link a delta's plan reads while its records leave (pipelined); the preroll,
+    whose reflinks would slow those reads, starts once the plan is whole, before the trailer."""
+    a, b, img, peer, layout = _seeded(xfs_mod)
+    base_ino = _ino(layout.snap_dir("v", 1) / "v.img")
+    rep = sync_unit(a, "v", ["v"], peer, bwlimit=512 << 10)     # 192 KiB at 512 KiB/s: wire-bound
+    assert rep.pipelined and rep.phases["preroll_s"] > 0
+    new_base = layout.snap_dir("v", 2) / "v.img"
+    assert _ino(new_base) != base_ino and sha(new_base) == sha(img)
+    same_images(a, b, ["v"])
