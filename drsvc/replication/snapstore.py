@@ -109,15 +109,19 @@ def _overlays_to_roll(gen_dir: Path, meta: dict):
     return [m for m in meta["members"] if m.get("overlay") and not (gen_dir / f"{m['volume_id']}.img").exists()]
 
 
-def preroll(layout: PoolLayout, unit_id: str, gen_dir: Path, meta: dict) -> None:
-    """Roll each overlay member of a pending generation forward into a reflink of its base
-    (``<vol>.img.next``), leaving the base as it is. Repeat-safe."""
+def to_roll_ahead(gen_dir: Path, meta: dict) -> list[dict]:
+    """The overlay members of a pending generation worth rolling ahead and not rolled yet."""
+    return [m for m in _overlays_to_roll(gen_dir, meta)
+            if not (gen_dir / f"{m['volume_id']}{PREROLLED}").exists() and worth_rolling_ahead(gen_dir, m["volume_id"])]
+
+
+def preroll(layout: PoolLayout, unit_id: str, gen_dir: Path, meta: dict, members: list[dict]) -> None:
+    """Roll *members* (``to_roll_ahead``) of a pending generation forward into a reflink of
+    their base (``<vol>.img.next``), leaving the base as it is. Repeat-safe."""
     base_dir = layout.snap_dir(unit_id, meta["base_generation"])
-    for m in _overlays_to_roll(gen_dir, meta):
+    for m in members:
         vol = m["volume_id"]
         done, part = gen_dir / f"{vol}{PREROLLED}", gen_dir / f"{vol}{_PREROLLING}"
-        if done.exists() or not worth_rolling_ahead(gen_dir, vol):
-            continue
         part.unlink(missing_ok=True)
         try:
             clone_file(base_dir / f"{vol}.img", part, fsync=False)
@@ -136,18 +140,19 @@ class Preroll:
     def __init__(self, layout: PoolLayout, unit_id: str, gen_dir: Path, meta: dict):
         self._thread = None
         self.seconds = 0.0       # the thread's time (the ranges' reflinks, off the sync's path)
-        if any(worth_rolling_ahead(gen_dir, m["volume_id"]) for m in _overlays_to_roll(gen_dir, meta)):
-            self._thread = threading.Thread(target=self._run, args=(layout, unit_id, gen_dir, meta),
+        members = to_roll_ahead(gen_dir, meta)
+        if members:
+            self._thread = threading.Thread(target=self._run, args=(layout, unit_id, gen_dir, meta, members),
                                             name=f"preroll-{unit_id}", daemon=True)
 
     def start(self) -> None:
         if self._thread is not None and self._thread.ident is None:
             self._thread.start()
 
-    def _run(self, layout: PoolLayout, unit_id: str, gen_dir: Path, meta: dict) -> None:
+    def _run(self, layout: PoolLayout, unit_id: str, gen_dir: Path, meta: dict, members: list[dict]) -> None:
         t = time.monotonic()
         try:
-            preroll(layout, unit_id, gen_dir, meta)
+            preroll(layout, unit_id, gen_dir, meta, members)
         except Exception as e:   # noqa: BLE001 - the adopt rolls the base in place instead
             log.warning("%s: generation %s not rolled ahead (%s); the adopt rolls it", unit_id,
                         meta.get("generation"), e)
@@ -164,12 +169,12 @@ def _roll(layout: PoolLayout, unit_id: str, gen_dir: Path, meta: dict) -> None:
     ahead (``preroll``), else the base image rolled forward in place, then moved in.
     Repeat-safe (see recover)."""
     base_dir = layout.snap_dir(unit_id, meta["base_generation"])
-    moved = False
+    renamed = moved = False          # a rolled-ahead image renamed in; a base image moved out
     for m in _overlays_to_roll(gen_dir, meta):
         vol = m["volume_id"]
         if (gen_dir / f"{vol}{PREROLLED}").exists():
             os.rename(gen_dir / f"{vol}{PREROLLED}", gen_dir / f"{vol}.img")
-            moved = True
+            renamed = True
             continue
         base_img = base_dir / f"{vol}.img"
         if not base_img.exists():
@@ -177,8 +182,9 @@ def _roll(layout: PoolLayout, unit_id: str, gen_dir: Path, meta: dict) -> None:
         roll_forward(base_img, gen_dir, vol, m["size"])
         os.rename(base_img, gen_dir / f"{vol}.img")
         moved = True
-    if moved:
+    if renamed or moved:
         store.fsync_dir(gen_dir)
+    if moved:
         store.fsync_dir(base_dir)
     for m in meta["members"]:
         for suffix in (".delta", ".ranges", ".clear", PREROLLED, _PREROLLING):

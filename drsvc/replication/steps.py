@@ -173,7 +173,7 @@ class Ship(Step):
         if a.prepared.planning is None:
             rolling.start()
         try:
-            self._send(a, rolling.start)
+            self._send(a, on_planned=rolling.start)
         except BaseException:
             rolling.join()
             if j.cut is not None and a.prepared is not None:
@@ -206,15 +206,15 @@ class Ship(Step):
         a.report.phases["adopt_s"] = round(time.monotonic() - t, 4)
         a.prepared = None
 
-    def _send(self, a: Attempt, planned) -> None:
+    def _send(self, a: Attempt, *, on_planned) -> None:
         """Stream ``a.prepared``; on a failure, leave it as the next attempt needs it.
-        *planned* runs once its plan is whole, before the trailer."""
+        *on_planned* runs once its plan is whole, before the trailer."""
         j = a.job
         prepared = a.prepared
 
         def before_trailer():
             prepared.settle()
-            planned()
+            on_planned()
         try:
             stream(a.session, a.prepared, a.report, unit_id=j.unit_id, epoch=j.epoch, demote=j.demote,
                    kind=a.st.kind, compress=j.compress, origin=j.origin,
