@@ -11,7 +11,7 @@ sent; ``adopt`` records the new generation in state.json, then rolls the base
 forward, then drops the old base (``recover`` finishes an adopt cut short).
 
 Rolling the base forward is one FICLONERANGE per range the generation changed (2,600 for
-1% of 1 GiB: 0.1 s). ``Preroll`` does it while the generation is on the wire, into a
+1% of 1 GiB: 0.1 s). ``Preroll`` does it while the peer commits (from the trailer on), into a
 reflink of the base (``<vol>.img.next`` beside the overlay; the base itself is untouched
 until the peer commits), so the adopt only renames it in. A generation never adopted takes
 its ``.next`` with it when it is dropped; an adopt that finds none rolls the base in place.
@@ -133,7 +133,7 @@ def preroll(layout: PoolLayout, unit_id: str, gen_dir: Path, meta: dict, members
 
 
 class Preroll:
-    """``preroll`` on a thread, started (``start``, once) as a generation goes on the wire.
+    """``preroll`` on a thread, started (``start``, once) at the trailer, while the peer commits.
     ``join`` before the generation is adopted or dropped; a failed preroll only leaves the
     adopt its old way (roll the base in place)."""
 

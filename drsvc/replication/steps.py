@@ -167,13 +167,12 @@ class Ship(Step):
             prepared.settle()        # only a one flight sends records while the plan still reads
         # it may now exist at the peer (a generation still planning holds its intent already)
         a.prepared = mark_intent(j.layout, j.unit_id, prepared)
-        # the base's roll forward, while the generation is on the wire (``snapstore.Preroll``);
-        # beside a plan still reading it would slow the plan's reads, so it waits for the plan
+        # the base's roll forward while the peer commits (``snapstore.Preroll``): started at the
+        # trailer, once every record is out, as beside the send its reflinks slow the send's
+        # reads of the overlay (and a plan's, still reading)
         rolling = Preroll(j.layout, j.unit_id, a.prepared.dir, meta)
-        if a.prepared.planning is None:
-            rolling.start()
         try:
-            self._send(a, on_planned=rolling.start)
+            self._send(a, at_trailer=rolling.start)
         except BaseException:
             rolling.join()
             if j.cut is not None and a.prepared is not None:
@@ -206,15 +205,15 @@ class Ship(Step):
         a.report.phases["adopt_s"] = round(time.monotonic() - t, 4)
         a.prepared = None
 
-    def _send(self, a: Attempt, *, on_planned) -> None:
+    def _send(self, a: Attempt, *, at_trailer) -> None:
         """Stream ``a.prepared``; on a failure, leave it as the next attempt needs it.
-        *on_planned* runs once its plan is whole, before the trailer."""
+        *at_trailer* runs once every record is out and its plan is whole, before the trailer."""
         j = a.job
         prepared = a.prepared
 
         def before_trailer():
             prepared.settle()
-            on_planned()
+            at_trailer()
         try:
             stream(a.session, a.prepared, a.report, unit_id=j.unit_id, epoch=j.epoch, demote=j.demote,
                    kind=a.st.kind, compress=j.compress, origin=j.origin,

@@ -1,8 +1,8 @@
-"""The sender's base rolls forward while the generation is on the wire (``snapstore.Preroll``).
+"""The sender's base rolls forward while the peer commits (``snapstore.Preroll``).
 
 The overlay capture leaves the new generation's changed ranges beside its base; the base
 must become that generation once the peer commits. The roll (one reflink per range) is
-made into a reflink of the base while the records travel, so the adopt only renames it
+made into a reflink of the base from the trailer on, so the adopt only renames it
 in; the base itself stays as it was until then, so a generation the peer never commits
 leaves a base still good for the next delta. Real XFS, real receiver processes.
 """
@@ -161,4 +161,29 @@ def test_a_delta_planned_beside_the_stream_is_rolled_once_its_plan_is_whole(xfs_
     assert rep.pipelined and rep.phases["preroll_s"] > 0
     new_base = layout.snap_dir("v", 2) / "v.img"
     assert _ino(new_base) != base_ino and sha(new_base) == sha(img)
+    same_images(a, b, ["v"])
+
+
+def test_the_preroll_starts_once_every_record_is_out(xfs_mod, monkeypatch):
+    """Beside the send, the preroll's reflinks slow the send's reads of the overlay (1% of
+    1 GiB on loopback: send_s 0.108 s beside it, 0.092 s after it), so it starts at the
+    trailer, while the peer commits. The old code started it with the first record."""
+    from drsvc.replication import stream as stream_mod
+    a, b, img, peer, layout = _seeded(xfs_mod)
+    events = []
+    real_send, real_preroll = stream_mod._send_records, snapstore.preroll
+
+    def send(*args, **kw):
+        out = real_send(*args, **kw)
+        events.append("records out")
+        return out
+
+    def preroll(*args, **kw):
+        events.append("preroll")
+        return real_preroll(*args, **kw)
+    monkeypatch.setattr(stream_mod, "_send_records", send)
+    monkeypatch.setattr(snapstore, "preroll", preroll)
+    rep = sync_unit(a, "v", ["v"], peer)
+    assert events == ["records out", "preroll"]
+    assert rep.phases["preroll_s"] > 0 and sha(layout.snap_dir("v", 2) / "v.img") == sha(img)
     same_images(a, b, ["v"])
