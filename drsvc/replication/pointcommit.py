@@ -164,6 +164,12 @@ def before_apply(layout: PoolLayout, tx: dict, spans) -> None:
     _COSTS[tx["txid"]] = {"prune_s": t1 - t0, "fold_s": t1 - t_fold, "undo_s": time.monotonic() - t1}
 
 
+def undo_seconds(txid: str) -> float:
+    """What this process's ``before_apply`` of *txid* spent copying what it overwrites (0 when
+    it copied nothing). Read before ``after_commit``, which records and forgets it."""
+    return float(_COSTS.get(txid, {}).get("undo_s", 0.0))
+
+
 def keep_overwritten(layout: PoolLayout, idx: Index, target: Point, tx: dict, spans) -> None:
     """Copy what the transaction overwrites out of the replica into *target*'s undo logs."""
     unit, newest = idx.unit_id, idx.newest

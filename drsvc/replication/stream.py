@@ -106,8 +106,9 @@ def _report_times(report: SyncReport, reply: dict, t0: float, t_sent: float, t_e
         if isinstance(reply.get(k), (int, float)):
             report.phases[f"peer_{k}"] = reply[k]
             peer_s += reply[k]
-    if isinstance(reply.get("maps_s"), (int, float)):    # of apply_s: the replica's block maps
-        report.phases["peer_maps_s"] = reply["maps_s"]
+    for k in ("maps_s", "undo_s"):   # of apply_s: the replica's block maps; the recovery point's undo copy
+        if isinstance(reply.get(k), (int, float)):
+            report.phases[f"peer_{k}"] = reply[k]
     # the answer's wait less the peer's commit: the trip back and the data still in flight
     report.phases["answer_wire_s"] = round(max(0.0, t_end - t_sent - peer_s), 4)
 

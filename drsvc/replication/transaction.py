@@ -29,7 +29,7 @@ from typing import Protocol
 
 from ..errors import (BaseMismatch, ImageInUse, PeerUnreachable, ProtocolError, ReplicaIsPrimary, ReplicationConflict, RoundUndecided,
                       StaleEpoch, StreamCorrupt)
-from . import handoff, protocol
+from . import handoff, pointcommit, protocol
 from . import origin as unit_origin
 from .faults import failpoint
 from .guard import ensure_members_not_in_use
@@ -319,6 +319,7 @@ class Transaction:
         applied = j.apply()
         failpoint("receiver.after_apply")
         t_done = time.monotonic()
+        undo_s = pointcommit.undo_seconds(tx["txid"])
         st = record_generation(self.layout, tx, began=self.began, nbytes=self.nbytes)
         failpoint("receiver.after_state")
         j.discard()
@@ -327,7 +328,7 @@ class Transaction:
                      "epoch": st.epoch, "cloned_bytes": applied.cloned, "copied_bytes": applied.copied,
                      # the peer's share of the stream phase: making it durable, then applying
                      "sync_s": round(t_apply - t_sync, 4), "apply_s": round(t_done - t_apply, 4),
-                     "maps_s": round(j.maps_s, 4)})
+                     "maps_s": round(j.maps_s, 4), "undo_s": round(undo_s, 4)})
         return Journal(self.layout, tx["unit"])
 
     def _keep_received(self) -> None:

@@ -313,3 +313,18 @@ def test_a_point_of_another_release_is_read_by_its_known_keys():
     assert Point.from_doc({**doc, "added_later": [1]}) == Point(3, 1.5, txid="t")
     with pytest.raises(TypeError):
         Point.from_doc({"time": 1.5})
+
+
+def test_the_sync_report_shows_the_peers_undo_copy(xfs_mod):
+    """The peer's answer carries what its commit spent copying the overwritten ranges into
+    the newest point's undo log (``peer_undo_s``, part of ``peer_apply_s``); nothing is
+    copied where the grid keeps no point."""
+    u = Unit(xfs_mod, seed=5)
+    reports = []
+    for grid in ("1x1000w(keep=all)", "1x1000w(keep=all)", "none"):
+        reports.append(sync_unit(u.a, u.unit, u.vols, u.peer, origin=origin(grid)))
+        u.change()
+    first, kept, none = (r.phases for r in reports)
+    assert first["peer_undo_s"] == 0            # a first copy overwrites nothing
+    assert 0 < kept["peer_undo_s"] <= kept["peer_apply_s"]
+    assert none["peer_undo_s"] == 0
