@@ -30,6 +30,7 @@ def test_the_script_sums_a_junit_report_by_module(tmp_path):
     table = tmp_path / "durations.json"
     table.write_text(json.dumps({"tests/unit/test_old.py": 3.0}))
     script = types.ModuleType("test_durations_script")
+    script.__file__ = str(ROOT / "scripts" / "test-durations")
     exec(compile((ROOT / "scripts" / "test-durations").read_text(), "test-durations", "exec"), script.__dict__)
     script.OUT = table
     script.main([str(report)])
