@@ -92,9 +92,13 @@ _PREROLLING = ".img.part"    # being rolled (dropped if found: a roll cut short)
 # per range (~40 us): 1% of an aged 1 GiB image (112,000 extents, 2,600 ranges) took 2 s to
 # roll ahead, against 0.13 s in place and a 0.3 s stream; 1% of a 15,000-extent one 0.3-0.4 s,
 # hidden behind its answer at every RTT measured. Past this many extents per range changed
-# (or below PREROLL_SMALL in all) the adopt rolls the base in place, as before.
+# the adopt rolls the base in place, as before; below PREROLL_SMALL extents in all (a reflink
+# of ~4 ms) the base is rolled ahead whatever changed. The floor was 4,096: an idle sync (a few
+# ranges) of an image of some thousands of extents then took 0.07-0.13 s to roll ahead against
+# a 0.02-0.05 s answer on a LAN, and waited for it (the bench's idle sync through Celery: 0.167 s,
+# 0.054 s at 256).
 PREROLL_EXTENTS_PER_RANGE = 8
-PREROLL_SMALL = 4096
+PREROLL_SMALL = 256
 
 
 def worth_rolling_ahead(gen_dir: Path, vol: str) -> bool:
