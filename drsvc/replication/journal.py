@@ -659,10 +659,11 @@ class Journal:
                                              "round": self.tx.get("round")})
 
     # -- apply
-    def apply(self) -> _Cloner:
-        """Apply a committed journal to the pool's images; safe to repeat."""
+    def apply(self, early: dict | None = None) -> _Cloner:
+        """Apply a committed journal to the pool's images; safe to repeat. *early*: the undo
+        copies made as the records arrived (``undoahead``), for the recovery points."""
         self.close()
-        pointcommit.before_apply(self.layout, self.tx, self.spans)   # recovery points: keep what it overwrites
+        pointcommit.before_apply(self.layout, self.tx, self.spans, early)   # recovery points: keep what it overwrites
         t = time.monotonic()
         maps = ReplicaMaps(self.layout, self.unit_id)
         follow = maps.begin_apply(self.tx, find_state(self.layout.root, self.unit_id))

@@ -102,6 +102,15 @@ def _plan(idx: Index, tx: dict) -> tuple[Plan, Point]:
     return Plan.of(idx, new, grid_of(tx), None if listed is None else set(listed)), new
 
 
+def undo_target(idx: Index, tx: dict) -> Point | None:
+    """The point whose undo logs keep what *tx* overwrites once it commits (None: no point
+    keeps it). The same answer at the transaction's begin as at its commit: the plan is a
+    function of the index and the transaction."""
+    if not idx.points:
+        return None
+    return _plan(idx, tx)[0].target(idx)
+
+
 # -- before the apply -------------------------------------------------------------------
 def keeps_undo(layout: PoolLayout, unit_id: str) -> bool:
     """Whether a commit to the unit may copy what it overwrites into an undo log: it has a
@@ -142,8 +151,9 @@ def _index_for_commit(layout: PoolLayout, tx: dict) -> Index:
     return Index.load(layout, tx["unit"])
 
 
-def before_apply(layout: PoolLayout, tx: dict, spans) -> None:
-    """*spans*: a callable giving the journal's (member index, offset, length) records."""
+def before_apply(layout: PoolLayout, tx: dict, spans, early: dict | None = None) -> None:
+    """*spans*: a callable giving the journal's (member index, offset, length) records.
+    *early*: volume id -> ``undoahead.Early``, what this process copied as the records came."""
     t0 = time.monotonic()
     idx = _index_before_apply(layout, tx)
     if idx is None or not idx.points or idx.has_txid(tx["txid"]):
@@ -159,7 +169,7 @@ def before_apply(layout: PoolLayout, tx: dict, spans) -> None:
     t1 = time.monotonic()
     target = plan.target(idx)
     if target is not None:
-        keep_overwritten(layout, idx, target, tx, spans)
+        keep_overwritten(layout, idx, target, tx, spans, early)
     _COSTS.clear()
     _COSTS[tx["txid"]] = {"prune_s": t1 - t0, "fold_s": t1 - t_fold, "undo_s": time.monotonic() - t1}
 
@@ -170,8 +180,11 @@ def undo_seconds(txid: str) -> float:
     return float(_COSTS.get(txid, {}).get("undo_s", 0.0))
 
 
-def keep_overwritten(layout: PoolLayout, idx: Index, target: Point, tx: dict, spans) -> None:
-    """Copy what the transaction overwrites out of the replica into *target*'s undo logs."""
+def keep_overwritten(layout: PoolLayout, idx: Index, target: Point, tx: dict, spans, early: dict | None = None) -> None:
+    """Copy what the transaction overwrites out of the replica into *target*'s undo logs.
+    A member the newest point held live starts from its *early* copies (``undoahead``: made
+    into this point's log as the records arrived, named by no map until now), when it is the
+    newest point they were made for; only what they miss is copied here."""
     unit, newest = idx.unit_id, idx.newest
     meta = read_meta(layout, unit, target.generation)
     if meta.get("undo_txid") == tx["txid"]:
@@ -179,7 +192,11 @@ def keep_overwritten(layout: PoolLayout, idx: Index, target: Point, tx: dict, sp
     live = read_meta(layout, unit, newest.generation) if target is not newest else dict(meta, members=dict(meta["members"]))
     for vol in target.members:           # the newest point stops being the replica
         if target is newest and member_data(meta, vol) == LIVE:
-            meta["members"][vol] = {"data": UNDO, "map": "", "bytes": 0}
+            got = (early or {}).get(vol)
+            if got is not None and got.generation == target.generation:
+                meta["members"][vol] = {"data": UNDO, "map": pointdata.encode_map(got.rows), "bytes": got.nbytes}
+            else:
+                meta["members"][vol] = {"data": UNDO, "map": "", "bytes": 0}
     for vol, changed in pointdata.changed_ranges(spans(), tx).items():
         # the replica holds the newest point's bytes of vol (live there), and target keeps an undo of vol
         if (vol not in target.members or vol not in newest.members or member_data(live, vol) != LIVE
@@ -196,8 +213,8 @@ def keep_overwritten(layout: PoolLayout, idx: Index, target: Point, tx: dict, sp
                                        pointdata.image_pieces(fd, want, os.fstat(fd).st_size), after=have)
         finally:
             os.close(fd)
-        failpoint("points.mid_undo")
         _add(meta, vol, have, rows, n)
+    failpoint("points.mid_undo")         # the copies durable (made here or as the records came), no map names them
     meta["undo_txid"] = tx["txid"]
     write_meta(layout, unit, meta)
 

@@ -102,11 +102,13 @@ def _report_times(report: SyncReport, reply: dict, t0: float, t_sent: float, t_e
     # of which: the records out (the last one handed to the channels), and the wait for the answer
     report.phases["send_s"], report.phases["answer_s"] = round(t_sent - t0, 4), round(t_end - t_sent, 4)
     peer_s = 0.0
-    for k in ("sync_s", "apply_s"):          # the peer's commit, inside stream_s
+    for k in ("sync_s", "apply_s", "undo_wait_s"):          # the peer's commit, inside stream_s
         if isinstance(reply.get(k), (int, float)):
             report.phases[f"peer_{k}"] = reply[k]
             peer_s += reply[k]
-    for k in ("maps_s", "undo_s"):   # of apply_s: the replica's block maps; the recovery point's undo copy
+    # of apply_s: the replica's block maps, the recovery point's undo copy; and that copy's
+    # share made as the records arrived (off the path, but for undo_wait_s)
+    for k in ("maps_s", "undo_s", "undo_ahead_s"):
         if isinstance(reply.get(k), (int, float)):
             report.phases[f"peer_{k}"] = reply[k]
     # the answer's wait less the peer's commit: the trip back and the data still in flight

@@ -38,6 +38,7 @@ from .layout import PoolLayout, check_id
 from .protocol import CODEC_ZSTD, FRAME, T_CONTROL, T_IRECORD, T_RECORD, FrameReader, ManifestChain
 from .replica import record_generation, status_of
 from .state import find_state
+from .undoahead import UndoAhead
 
 RESUME_KEY = ("unit", "txid", "base", "target")    # a journal resumes only for the same transaction
 # what a one-flight begin is refused with (answered ``refused``, the conversation goes on)
@@ -194,6 +195,7 @@ class Transaction:
         self.refused = False     # one flight, refused: frames are read and dropped
         self.committed = False   # applied and answered `committed` (one phase)
         self.stripes: Stripes | None = None
+        self.undo: UndoAhead | None = None   # the recovery point's undo copy, made as records arrive
         self.begun = threading.Event()   # begin decided (journal ready, or refused): stripes may read
         self._lock = threading.Lock()
 
@@ -227,6 +229,8 @@ class Transaction:
         finally:
             if self.stripes is not None:
                 self.stripes.close()
+            if self.undo is not None:
+                self.undo.close()
 
     def begin(self, out: Replies) -> None:
         tx, j = self.tx, self.journal
@@ -247,6 +251,7 @@ class Transaction:
         else:
             j.create(tx)
         j.read_ahead()
+        self.undo = UndoAhead.wanted(self.layout, tx)
         if not tx["one_flight"]:
             self._ready(out)
 
@@ -271,6 +276,7 @@ class Transaction:
         rtype = T_IRECORD if self.tx["version"] >= 4 else T_RECORD
         indexed = rtype == T_IRECORD
         dctx, nbytes = None, 0
+        undo = self.undo.want if self.undo is not None else None
         try:
             while True:
                 ftype, body = next_frame()
@@ -288,6 +294,8 @@ class Transaction:
                     import zstandard  # lazily: the receiver pays for it only when zstd data arrives
                     dctx = zstandard.ZstdDecompressor()
                 append(hdr, decode(hdr, payload, dctx))
+                if undo is not None:
+                    undo(hdr.member, hdr.offset, hdr.length)
         finally:
             with self._lock:
                 self.nbytes += nbytes
@@ -311,12 +319,14 @@ class Transaction:
             failpoint("receiver.after_prepare")
             out.control({"type": "prepared", "txid": tx["txid"], "target": tx["target"], "round": tx["round"]})
             return j
+        t_undo = time.monotonic()
+        early = self.undo.finish() if self.undo is not None else {}
         failpoint("receiver.before_commit")
         t_sync = time.monotonic()
         j.mark_committed(j.chain.count, j.chain.hexdigest())
         failpoint("receiver.after_commit_marker")
         t_apply = time.monotonic()
-        applied = j.apply()
+        applied = j.apply(early=early)
         failpoint("receiver.after_apply")
         t_done = time.monotonic()
         undo_s = pointcommit.undo_seconds(tx["txid"])
@@ -328,7 +338,10 @@ class Transaction:
                      "epoch": st.epoch, "cloned_bytes": applied.cloned, "copied_bytes": applied.copied,
                      # the peer's share of the stream phase: making it durable, then applying
                      "sync_s": round(t_apply - t_sync, 4), "apply_s": round(t_done - t_apply, 4),
-                     "maps_s": round(j.maps_s, 4), "undo_s": round(undo_s, 4)})
+                     "maps_s": round(j.maps_s, 4), "undo_s": round(undo_s, 4),
+                     # the undo copy made as the records arrived: its time, and the wait for its last batch
+                     "undo_ahead_s": round(self.undo.busy_s if self.undo is not None else 0.0, 4),
+                     "undo_wait_s": round(t_sync - t_undo, 4)})
         return Journal(self.layout, tx["unit"])
 
     def _keep_received(self) -> None:

@@ -2,8 +2,10 @@
 
 Pruning runs in the receiver, at each commit: it folds the points the grid drops into
 their older neighbours and copies what the generation overwrites into an undo file,
-before the apply. A receiver killed at any of those steps (failpoints) or at random is
-replayed at the next contact; afterwards every point the index lists still rebuilds to
+before the apply (most of that copy is made as the records arrive, ``undoahead``: killed
+there, the copies lie past the end of what the point's map names, and are made again). A
+receiver killed at any of those steps (failpoints) or at random is replayed at the next
+contact; afterwards every point the index lists still rebuilds to
 the exact bytes the primary had at its generation, and nothing acked is lost.
 
 A promote to a point runs in the DR site's control worker. Killed while it builds the
@@ -32,7 +34,7 @@ from .steps import (MiB, Generations, check_converged, file_sha, peer_of, reissu
 from .tally import TALLY, fault
 
 PRUNE_POINTS = ("points.after_fold", "points.mid_undo", "points.before_index", "points.after_index",
-                "receiver.after_apply", "receiver.after_state")
+                "receiver.after_apply", "receiver.after_state", "points.mid_undo_ahead")
 GRIDS = ("1x1000w(keep=all)", "1x1000w(keep=3)", "1x1000w(keep=5)", "none")
 
 
@@ -79,9 +81,10 @@ def prune_kills(lab, rnd, rounds):
     killed: Counter = Counter()
     for i in range(rounds):
         point = PRUNE_POINTS[i % len(PRUNE_POINTS)] if i < 2 * len(PRUNE_POINTS) else rnd.choice(PRUNE_POINTS)
-        # a fold needs points to drop; an undo needs a point to keep the bytes
-        grid = {"points.after_fold": "1x1000w(keep=2)", "points.mid_undo": rnd.choice(GRIDS[:3])}.get(
-            point, rnd.choice(GRIDS))
+        # a fold needs points to drop; an undo needs a point to keep the bytes (the copy made
+        # as the records arrive, mid_undo_ahead: the grid keeps the newest point)
+        grid = {"points.after_fold": "1x1000w(keep=2)", "points.mid_undo": rnd.choice(GRIDS[:3]),
+                "points.mid_undo_ahead": GRIDS[0]}.get(point, rnd.choice(GRIDS))
         if point == "points.after_fold":
             # keep=2 keeps the bucket's two oldest and the newest: with three points before this
             # sync, at least one between them is dropped and folded into an older one

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import os
 import random
+from dataclasses import replace
 
 import pytest
 
 from drsvc.host.fiemap import fiemap_array
-from drsvc.replication import sync_unit
+from drsvc.replication import pointcommit, pointdata, sync_unit
 from drsvc.replication.layout import PoolLayout
-from drsvc.replication.points import Index, build_image, listing, read_meta, select
+from drsvc.replication.points import Index, build_image, listing, read_meta, select, undo_map
+from drsvc.replication.undoahead import UndoAhead
 from drsvc.transport.local import LocalPeer
 
 from .conftest import make_image, new_sites, sha, write_at
@@ -328,3 +330,50 @@ def test_the_sync_report_shows_the_peers_undo_copy(xfs_mod):
     assert first["peer_undo_s"] == 0            # a first copy overwrites nothing
     assert 0 < kept["peer_undo_s"] <= kept["peer_apply_s"]
     assert none["peer_undo_s"] == 0
+    # the copy made as the records arrived: only where a point keeps the overwritten bytes
+    assert first["peer_undo_ahead_s"] == 0 and none["peer_undo_ahead_s"] == 0
+    assert kept["peer_undo_ahead_s"] > 0 and kept["peer_undo_wait_s"] >= 0
+
+
+def test_the_commit_keeps_the_undo_copies_made_as_records_arrived(xfs_mod):
+    """``UndoAhead`` copies the replica's bytes under the spans it is given into the newest
+    point's undo log; the commit (``keep_overwritten``) adopts those copies where they lie and
+    copies only the spans they miss, and the point rebuilds to its generation's bytes."""
+    u = Unit(xfs_mod, seed=6)
+    gen = u.sync()
+    vol = u.vols[0]
+    size = os.path.getsize(u.layout.image(vol))
+    tx = {"unit": u.unit, "txid": "tx-early", "mode": "delta", "two_phase": False, "kind": "volume",
+          "base": gen, "target": gen + 1, "captured_at": None, "origin": origin("1x1000w(keep=all)"),
+          "members": [{"volume_id": vol, "size": size, "base_size": size, "fresh": False}]}
+    early_spans = [(0, 0, 8 * KiB), (0, 1 * MiB, 128 * KiB), (0, 3 * MiB + 4 * KiB, 4 * KiB)]
+    # arrived after the early copy's last batch; below an early span, so a commit that copied
+    # everything again (in offset order) would put the early spans elsewhere in the log
+    late_spans = [(0, 512 * KiB, 64 * KiB)]
+    ahead = UndoAhead.wanted(u.layout, tx)
+    for span in early_spans:
+        ahead.want(*span)
+    early = ahead.finish()
+    rows = early[vol].rows
+    assert early[vol].generation == gen
+    assert [tuple(r[:2]) for r in rows.tolist()] == [(o, n) for _m, o, n in early_spans]
+    idx = u.index()
+    pointcommit.keep_overwritten(u.layout, idx, idx.newest, tx, lambda: iter(early_spans + late_spans), early)
+    meta = read_meta(u.layout, u.unit, gen)
+    kept = {(o, n): at for o, n, at in undo_map(meta, vol).tolist()}
+    assert {k: kept[k] for k in [tuple(r[:2]) for r in rows.tolist()]} == {
+        (o, n): at for o, n, at in rows.tolist()}                  # adopted where they lie
+    assert kept[(512 * KiB, 64 * KiB)] >= pointdata.log_end(rows)   # the rest appended after them
+    # bytes kept: the span at 3 MiB lies in the image's zero half, kept as a zero row at no cost
+    assert kept[(3 * MiB + 4 * KiB, 4 * KiB)] == -1
+    assert meta["members"][vol]["bytes"] == 8 * KiB + 128 * KiB + 64 * KiB
+    # the point's bytes, rebuilt from its undo log over a replica overwritten where the spans are
+    with open(u.layout.image(vol), "r+b") as f:
+        for _m, o, n in early_spans + late_spans:
+            f.seek(o)
+            f.write(os.urandom(n))
+    out = u.b / "rebuilt.img"
+    # the index as the commit leaves it: a newer point, the replica, after the one that keeps the undo
+    fake = Index(u.unit, idx.points + [replace(idx.points[-1], generation=gen + 1)])
+    build_image(u.layout, fake, fake.points[-2], vol, out)
+    assert sha(out) == u.shas[gen][vol]
