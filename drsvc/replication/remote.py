@@ -335,7 +335,8 @@ class ApplySession:
             self.chan.send(data)
         except PeerUnreachable:
             self._clean = False
-            self._surface_peer_error()
+            if self._replies is None:      # a watcher owns the reader: its caller asks it instead
+                self._surface_peer_error()
             raise
         except BaseException:
             self._clean = False
@@ -457,7 +458,14 @@ class ApplySession:
     def commit(self, records: int, manifest: str, *, expect: str = "committed") -> dict:
         """The trailer; a two-phase transaction's answer is ``prepared`` (its vote). When a
         watcher reads the answer (one flight), it is taken from there."""
-        self.send_control({"type": "commit", "records": records, "manifest": manifest})
+        try:
+            self.send_control({"type": "commit", "records": records, "manifest": manifest})
+        except PeerUnreachable:
+            if self._replies is None:
+                raise
+            # the receiver stopped before the trailer (it refused the begin, and every record
+            # fitted in the pipe): what it said before it went is the answer, not the broken pipe
+            return self.answer(expect)
         reply = self.answer(expect) if self._replies is not None else self._read(expect)
         self._in_tx = False
         return reply

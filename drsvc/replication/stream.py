@@ -80,7 +80,7 @@ def stream(session: Session, prepared: Prepared, report: SyncReport, *, unit_id:
         else:
             if before_trailer is not None:
                 before_trailer()
-            reply = _commit_or_say_why(session, came, chain, expect)
+            reply = session.commit(chain.count, chain.hexdigest(), expect=expect)
     except BaseException:
         for s in stripes:
             s.close()
@@ -126,18 +126,6 @@ def _send_or_say_why(session: Session, stripes, came, send):
             s.close()
         if came is not None and came.wait(ERROR_WAIT):
             session.answer()       # raises the peer's error; a plain answer here is not expected
-        raise
-
-
-def _commit_or_say_why(session: Session, came, chain, expect: str) -> dict:
-    """The trailer. A receiver that stopped before it (it refused the begin, and a small
-    transaction's records all fitted in the pipe) may have closed the channel already: then
-    its answer, which the watcher read, is what the sync hears, not the broken pipe."""
-    try:
-        return session.commit(chain.count, chain.hexdigest(), expect=expect)
-    except PeerUnreachable:
-        if came is not None and came.wait(ERROR_WAIT):
-            return session.answer(expect)     # its refusal, or its typed error (raised)
         raise
 
 
