@@ -8,9 +8,9 @@ lock is held, the images are not in use), so the same bytes can be copied as eac
 arrives: :class:`UndoAhead` takes the records' spans and copies them on a thread of its
 own, in batches, into the newest point's undo log.
 
-Nothing is recorded on disk until the commit: the copies are appended after what the
+No map names the copies until the commit: they are appended, durably, after what the
 point's map names (for a member the replica still holds live, nothing), and the map that
-names them is handed in memory to ``keep_overwritten`` (:meth:`UndoAhead.result`), which
+names them is handed in memory to ``keep_overwritten`` (:meth:`UndoAhead.finish`), which
 copies only what is still missing and writes the map with the point's new state. A crash,
 an abort or a replay in another process finds bytes past the map's end, which the next
 append cuts off (``pointdata.append(after=...)``): they are copied again, never trusted.
