@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from . import pointdata
 from .faults import failpoint
-from .pointcommit import undo_target
+from .pointcommit import keeps_undo, undo_target
 from .layout import PoolLayout
 from .points import LIVE, Index, ensure_point_dir, member_data, read_meta
 
@@ -71,7 +71,7 @@ class UndoAhead:
         unit that keeps recovery points, with a member that has a base."""
         if tx["mode"] != "delta" or tx["two_phase"] or all(m["fresh"] for m in tx["members"]):
             return None
-        if not layout.points_index(tx["unit"]).exists():
+        if not keeps_undo(layout, tx["unit"]):
             return None
         return cls(layout, tx)
 
@@ -145,22 +145,11 @@ class UndoAhead:
         return out
 
     def _copy(self, targets: dict, batch: list) -> None:
-        import numpy as np   # lazily, as pointdata: the receiver starts without it
-        spans: dict[int, list] = collections.defaultdict(list)
-        for member, offset, length in batch:
-            if member in targets:
-                spans[member].append((offset, offset + length))
-        for member, pairs in spans.items():
-            t = targets[member]
-            a = np.asarray(pairs, dtype=np.int64)
-            # inside the replica as it is (growth past its size is the commit's to record)
-            a[:, 1] = np.minimum(a[:, 1], t["size"])
-            a = a[a[:, 1] > a[:, 0]]
-            if not len(a):
-                continue
+        changed = pointdata.changed_ranges(batch, self.tx)     # as the commit reckons them
+        for t in targets.values():
             early = self.copied.get(t["vol"])
             have = early.rows if early is not None else pointdata.no_map()
-            want = pointdata.minus(pointdata.norm(a[:, 0], a[:, 1]), pointdata.covered(have))
+            want = pointdata.minus(changed[t["vol"]], pointdata.covered(have))
             if not len(want[0]):
                 continue
             rows, n = pointdata.append(t["log"], pointdata.image_pieces(t["fd"], want, t["size"]), after=have)

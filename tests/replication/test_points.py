@@ -332,7 +332,7 @@ def test_the_sync_report_shows_the_peers_undo_copy(xfs_mod):
     assert none["peer_undo_s"] == 0
     # the copy made as the records arrived: only where a point keeps the overwritten bytes
     assert first["peer_undo_ahead_s"] == 0 and none["peer_undo_ahead_s"] == 0
-    assert kept["peer_undo_ahead_s"] > 0 and kept["peer_undo_wait_s"] >= 0
+    assert kept["peer_undo_ahead_s"] > 0 and "peer_undo_wait_s" in kept
 
 
 def test_the_commit_keeps_the_undo_copies_made_as_records_arrived(xfs_mod):
