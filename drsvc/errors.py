@@ -280,6 +280,11 @@ class TransactionEnded(Unavailable):
                 "the sender resumes after what landed")
 
 
+class ImageResized(Unavailable):
+    template = ("volume {volume_id!r} was resized while its generation was captured, after records "
+                "had left; the sync is cut here and the next one sends it at its new size")
+
+
 class ImageInUse(PreconditionFailed):
     template = ("replica image of {volume_id!r} (unit {unit_id!r}) is attached read-write "
                 "({holder}); the receiver applies nothing under it")

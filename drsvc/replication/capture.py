@@ -32,6 +32,7 @@ and its last clone; otherwise that member is captured full (one atomic FICLONE).
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import os
@@ -40,10 +41,11 @@ import time
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import xxhash
 
-from ..errors import VolumeNotFound
+from ..errors import ImageResized, VolumeNotFound
 from ..host.fiemap import EXTENT_DTYPE, fiemap_array
 from ..host.freeze import MountsHeld, frozen, no_mounts, write_back
 from ..host.reflink import clone_file, clone_range
@@ -62,6 +64,23 @@ class Captured:
     overlay: bool = False
     scan: planner.MemberScan | None = None   # overlay: ranges to hash / to clear
     cloned: int = 0                  # overlay: ranges cloned (FICLONERANGE calls)
+    # overlay with a pre-copy: what moved between the pre-copy's map and the capture
+    # (None: nothing; a MemberScan: those ranges; WHOLE: the image, cloned again whole)
+    since: object = None
+
+
+WHOLE = "whole"
+
+
+class Early(Protocol):
+    """Lets records leave while the pre-copy still clones (``replication.earlyplan``). Called
+    on the capture's thread: ``premapped`` once every member's pre-copy is mapped, before any
+    clone, returns the directory to clone into from then on (the generation's intent), or None
+    for an ordinary capture; ``cloned`` as each member's clones advance."""
+
+    def premapped(self, pre: dict, dest: Path) -> Path | None: ...
+
+    def cloned(self, vol: str, upto: int) -> None: ...
 
 
 def _ranges_file(path: Path, intervals) -> None:
@@ -164,7 +183,7 @@ class _Sources:
 
 def capture(layout, members, dest: Path, *, mounts: MountsHeld = no_mounts, bases: dict | None = None,
             block_size: int = 4096, timings: dict | None = None, meet=None,
-            images: dict | None = None) -> dict[str, Captured]:
+            images: dict | None = None, early: Early | None = None) -> dict[str, Captured]:
     """Capture *members* into *dest*. mounts: holds the members' mounted filesystems
     mounted while the capture writes them back and freezes them, and yields their
     mountpoints (``NodeService.mounts_held``). bases: volume id -> acked base image (overlay
@@ -172,7 +191,9 @@ def capture(layout, members, dest: Path, *, mounts: MountsHeld = no_mounts, base
     frozen, before any clone; returns once the other nodes of a spanning group are
     frozen too (timings gets its return value as ``round`` and its wait as ``cut_wait_s``).
     images: volume id -> the file to capture instead of the live image (a CSI snapshot
-    shipped as a recovery point: drsvc.replication.shipsnap)."""
+    shipped as a recovery point: drsvc.replication.shipsnap). early: records may leave as the
+    pre-copy clones (:class:`Early`); the capture then goes on in the directory it names, and
+    an image written after its last map is cloned again whole in place (``Captured.since``)."""
     if images:
         layout = _Sources(layout, images)
     dest.mkdir(parents=True)
@@ -182,7 +203,7 @@ def capture(layout, members, dest: Path, *, mounts: MountsHeld = no_mounts, base
     later: list = []                 # range and extent files, written once the freeze is over
     t0 = time.monotonic()
     with mounts() as mountpoints:
-        pre = _precopy_all(layout, dest, base_ext, block_size, mountpoints)
+        pre, dest, in_place = _precopy_all(layout, dest, base_ext, block_size, mountpoints, early)
         t_pre = time.monotonic()
         with frozen(mountpoints):
             t_frozen, frozen_at = time.monotonic(), time.time()
@@ -191,7 +212,7 @@ def capture(layout, members, dest: Path, *, mounts: MountsHeld = no_mounts, base
                 timings["cut_wait_s"] = round(time.monotonic() - t_frozen, 4)
             for vol in members:
                 out[vol], check = _capture_member(layout.image(vol), dest, vol, base_ext.get(vol), block_size,
-                                                  pre.get(vol), later, settle=not mountpoints)
+                                                  pre.get(vol), later, settle=not mountpoints, in_place=in_place)
                 if check is not None:
                     checks[vol] = check
             t_thaw = time.monotonic()
@@ -203,7 +224,7 @@ def capture(layout, members, dest: Path, *, mounts: MountsHeld = no_mounts, base
         timings["freeze_s"] = round(t_thaw - t_frozen, 4)
         timings["capture_s"] = round(time.monotonic() - t0, 4)
     if not mountpoints:
-        _recapture_written(layout, dest, checks, out)
+        _recapture_written(layout, dest, checks, out, base_ext, block_size, in_place=in_place)
     for c in out.values():      # durability after the thaw, so the freeze lasts only the clones
         fd = os.open(c.path, os.O_RDONLY)
         try:
@@ -230,42 +251,61 @@ def _map_bases(members, bases: dict) -> dict:
     return base_ext
 
 
-def _precopy_all(layout, dest: Path, base_ext: dict, bs: int, mountpoints) -> dict:
-    """The pre-copy of every overlay member: the bulk of the clones, before the freeze."""
+def _precopy_all(layout, dest: Path, base_ext: dict, bs: int, mountpoints, early: Early | None):
+    """The pre-copy of every overlay member: the bulk of the clones, before the freeze. Every
+    member is mapped first; *early* (if any) may then move the capture to another directory
+    and follow the clones. Returns (pre-copies, the directory, whether *early* follows)."""
     pre = {}
     if base_ext:
         write_back(mountpoints)      # what the filesystems hold dirty reaches the images unfrozen
     for vol in base_ext:
         try:
-            pre[vol] = _precopy(layout.image(vol), dest, vol, base_ext[vol], bs)
+            pre[vol] = _premap(layout.image(vol), base_ext[vol], bs, settle=early is None)
         except FileNotFoundError:
             raise VolumeNotFound(volume_id=vol) from None
         except OSError as e:
             if e.errno not in _NO_FIEMAP:
                 raise
-    return pre
+    moved = early.premapped(pre, dest) if early is not None and pre else None
+    if moved is not None:
+        dest = moved
+    for vol, p in pre.items():
+        _clone_precopy(layout.image(vol), dest, vol, p,
+                       (lambda upto, v=vol: early.cloned(v, upto)) if moved is not None else None)
+    return pre, dest, moved is not None
 
 
-def _capture_member(src: Path, dest: Path, vol: str, base, bs: int, pre, later: list, *, settle: bool):
+def _capture_member(src: Path, dest: Path, vol: str, base, bs: int, pre, later: list, *, settle: bool,
+                    in_place: bool = False):
     """(Frozen) an overlay against *base* where there is one and FIEMAP works, else the
     whole image. Returns the capture and, for an overlay, its (mtime, size) check."""
     if base is not None:
         try:
-            return _overlay(src, dest, vol, base, bs, pre=pre, later=later, settle=settle)
+            return _overlay(src, dest, vol, base, bs, pre=pre, later=later, settle=settle, in_place=in_place)
         except FileNotFoundError:
             raise VolumeNotFound(volume_id=vol) from None
         except OSError as e:
             if e.errno not in _NO_FIEMAP:
                 raise
+            if in_place and pre is not None:
+                return _whole_in_place(src, dest, vol, base, bs, later), None
     return _full(src, dest, vol), None
 
 
-def _recapture_written(layout, dest: Path, checks: dict, out: dict) -> None:
-    """Nothing was frozen: an overlay member written since its last FIEMAP is captured whole."""
+def _recapture_written(layout, dest: Path, checks: dict, out: dict, base_ext: dict, bs: int, *,
+                       in_place: bool = False) -> None:
+    """Nothing was frozen: an overlay member written since its last FIEMAP is captured whole
+    (in place, into its overlay, when records may have left from it: ``Early``)."""
     for vol, (mtime_ns, size) in checks.items():
         st = os.stat(layout.image(vol))
         if st.st_mtime_ns != mtime_ns or st.st_size != size:
             log.info("%s changed during its overlay capture: capturing it whole", vol)
+            if in_place:
+                later: list = []
+                out[vol] = _whole_in_place(layout.image(vol), dest, vol, base_ext[vol], bs, later)
+                for write in later:
+                    write()
+                continue
             for suffix in (".delta", ".ranges", ".clear", ".extents"):
                 (dest / f"{vol}{suffix}").unlink(missing_ok=True)
             out[vol] = _full(layout.image(vol), dest, vol)
@@ -279,6 +319,33 @@ def _full(src: Path, dest: Path, vol: str) -> Captured:
     return Captured(vol, dest / f"{vol}.img", reflinked)
 
 
+def _whole_in_place(src: Path, dest: Path, vol: str, base, bs: int, later: list) -> Captured:
+    """The whole image cloned over its overlay ``<vol>.delta`` in one FICLONERANGE (atomic:
+    writes to the image wait for it), planned against the base from the overlay's own map.
+    Records may have left from the overlay (``Early``): it stays the file they are read from."""
+    base_extents, base_size = base
+    path = dest / f"{vol}.delta"
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        dfd = os.open(path, os.O_RDWR)
+        try:
+            size = os.fstat(fd).st_size
+            if size != os.fstat(dfd).st_size:
+                raise ImageResized(volume_id=vol)
+            clone_range(fd, dfd, 0, size)
+            extents = fiemap_array(dfd, size)
+        finally:
+            os.close(dfd)
+    finally:
+        os.close(fd)
+    fs_block = max(os.stat(path).st_blksize, 4096)
+    ms = planner.plan_from_extent_arrays(extents, base_extents, size, base_size, bs)
+    later.append(lambda: (_ranges_file(dest / f"{vol}.ranges", _round_out(ms.scan, fs_block, size)),
+                          _ranges_file(dest / f"{vol}.clear", ms.clear),
+                          (dest / f"{vol}.extents").unlink(missing_ok=True)))
+    return Captured(vol, path, True, overlay=True, scan=ms, cloned=1, since=WHOLE)
+
+
 @dataclass
 class Precopy:
     extents: object              # the live image's FIEMAP the pre-copy cloned from
@@ -286,6 +353,7 @@ class Precopy:
     size: int
     cloned: int
     mtime_ns: int | None         # the image's settled mtime before that FIEMAP (None: busy)
+    clone: list = dataclasses.field(default_factory=list)   # the ranges to clone (block aligned)
 
 
 def _settled(fd: int, st):
@@ -299,41 +367,63 @@ def _settled(fd: int, st):
     return None
 
 
-def _precopy(src: Path, dest: Path, vol: str, base, bs: int) -> Precopy:
-    """Clone every range that differs from the base into ``<vol>.delta``, unfrozen."""
+def _premap(src: Path, base, bs: int, *, settle: bool = True) -> Precopy:
+    """The pre-copy's map: the live image's FIEMAP and its plan against the base, unfrozen.
+    Its mtime is kept when the coarse clock has passed it (waiting a tick or two for that
+    when *settle*), so the frozen pass can tell nothing was written since; an early plan's
+    capture does not wait (its frozen pass, off the records' path, then maps the image again)."""
     base_extents, base_size = base
     fd = os.open(src, os.O_RDONLY)
     try:
-        settled = _settled(fd, os.fstat(fd))
+        st = os.fstat(fd)
+        settled = _settled(fd, st) if settle else (st if st.st_mtime_ns < _coarse_now_ns() else None)
         st = settled or os.fstat(fd)
         size = st.st_size
         extents = fiemap_array(fd, size)
         ms = planner.plan_from_extent_arrays(extents, base_extents, size, base_size, bs)
         clone = _round_out(ms.scan, max(st.st_blksize, 4096), size)
-        _clone_ranges(fd, dest / f"{vol}.delta", size, clone, create=True)
     finally:
         os.close(fd)
-    return Precopy(extents, ms, size, len(clone), st.st_mtime_ns if settled else None)
+    return Precopy(extents, ms, size, len(clone), st.st_mtime_ns if settled else None, clone)
 
 
-def _clone_ranges(fd: int, path: Path, size: int, ranges, *, create: bool) -> None:
+PROGRESS_EVERY = 128     # ranges cloned between two progress calls (``Early.cloned``)
+
+
+def _clone_precopy(src: Path, dest: Path, vol: str, pre: Precopy, progress=None) -> None:
+    """Clone every range of the pre-copy's map into ``<vol>.delta``, unfrozen; *progress*
+    hears the offset up to which the overlay holds them, as it grows."""
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        _clone_ranges(fd, dest / f"{vol}.delta", pre.size, pre.clone, create=True, progress=progress)
+    finally:
+        os.close(fd)
+
+
+def _clone_ranges(fd: int, path: Path, size: int, ranges, *, create: bool, progress=None) -> None:
     """FICLONERANGE *ranges* of the image open as *fd* into the sparse file *path*."""
     flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
     dfd = os.open(path, flags, 0o600)
     try:
         os.ftruncate(dfd, size)
-        for s, e in ranges:
+        for n, (s, e) in enumerate(ranges, 1):
             clone_range(fd, dfd, s, e - s)
+            if progress is not None and n % PROGRESS_EVERY == 0:
+                progress(e)
+        if progress is not None:
+            progress(size)
     finally:
         os.close(dfd)
 
 
 def _overlay(src: Path, dest: Path, vol: str, base, bs: int, pre: Precopy | None = None, *, later: list,
-             settle: bool = True):
+             settle: bool = True, in_place: bool = False):
     """The frozen pass: clone into ``<vol>.delta`` what the pre-copy (if any) has not; the
-    range and extent files are appended to *later* (written after the thaw)."""
+    range and extent files are appended to *later* (written after the thaw). in_place:
+    records may have left from the overlay already (``Early``): it is never made anew."""
     base_extents, base_size = base
     fd = os.open(src, os.O_RDONLY)
+    since = None
     try:
         # Unfrozen (settle): the mtime check after the thaw must see any write that lands
         # after our FIEMAP. Frozen, no write can land and there is no mtime check: no wait.
@@ -352,6 +442,10 @@ def _overlay(src: Path, dest: Path, vol: str, base, bs: int, pre: Precopy | None
                 # only what was written since the pre-copy: its mapping moved
                 since = planner.plan_from_extent_arrays(new_extents, pre.extents, size, size, bs)
                 clone = _round_out(since.scan, fs_block, size)
+                if not since.scan and not since.clear:
+                    since = None
+            elif in_place and pre is not None:
+                raise ImageResized(volume_id=vol)
             else:
                 path.unlink(missing_ok=True)        # resized since the pre-copy: one pass, frozen
                 pre = None
@@ -363,7 +457,8 @@ def _overlay(src: Path, dest: Path, vol: str, base, bs: int, pre: Precopy | None
     later.append(lambda: (_ranges_file(dest / f"{vol}.ranges", _round_out(ms.scan, fs_block, size)),
                           _ranges_file(dest / f"{vol}.clear", ms.clear),
                           save_extents(dest / f"{vol}.extents", new_extents, size)))
-    return Captured(vol, path, True, overlay=True, scan=ms, cloned=cloned), (st.st_mtime_ns, size)
+    return (Captured(vol, path, True, overlay=True, scan=ms, cloned=cloned, since=since),
+            (st.st_mtime_ns, size))
 
 
 def roll_forward(base_img: Path, overlay_dir: Path, vol: str, size: int) -> None:

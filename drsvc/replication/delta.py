@@ -246,10 +246,13 @@ PIPELINE_DEPTH = 8        # frames read ahead of the channels (each <= CHUNK): b
 
 def stream_records(plan_path, fds: list[int], writes, *, compress: str = "auto", skip=0, held=frozenset(),
                    indexed: bool = False, stop: threading.Event | None = None,
-                   flush_at: int = 256 << 10, entries=None) -> tuple[int, ManifestChain]:
+                   flush_at: int = 256 << 10, entries=None, moved=None) -> tuple[int, ManifestChain]:
     """Send the plan's records, but the first *skip* and those in *held*, through the
     channels' ``write(bytes)`` callables (*writes*: one, or a list, one per stripe).
     *entries*: the plan's entries as they are planned (a ``PlanFeed``) instead of its file.
+    *moved*: with *entries* of an early plan (``earlyplan``), whether a record's range is
+    planned again later; such a record whose bytes changed since its plan entry is sent as
+    read, under its own checksum (checked once the plan is whole), any other is an error.
 
     Returns (records sent, manifest chain over all records). A reader thread reads
     the records in plan (offset) order, checks each against the plan's checksum (a
@@ -271,7 +274,7 @@ def stream_records(plan_path, fds: list[int], writes, *, compress: str = "auto",
     def produce():
         try:
             _read_records(read_plan(plan_path) if entries is None else entries, fds, skipping, flush_at,
-                          frames, free, halt, result)
+                          frames, free, halt, result, moved)
         except BaseException as e:   # re-raised by the writer
             frames.put(("error", e))
 
@@ -439,14 +442,31 @@ class _Batches:
             self.batch, self.size = [], 0
 
 
-def _read_records(entries, fds, skipping, flush_at, frames, free, stop, result) -> None:
+def _read_checked(fd: int, data: memoryview, member: int, off: int, ck: int, changed: list | None) -> int:
+    """Read a record's bytes into *data* and check them against the plan's checksum *ck*; with
+    *changed* (an early plan's stream), bytes that differ are kept, listed there, and their own
+    checksum returned. Returns the checksum the record goes under."""
+    length = len(data)
+    got = os.preadv(fd, [data], off)
+    if got < length:
+        data[got:] = bytes(length - got)
+    actual = xxhash.xxh3_64_intdigest(data)
+    if actual != ck:
+        if changed is None:
+            raise ReplicationConflict(unit_id="?", reason=f"snapshot changed under the plan at offset {off}")
+        changed.append((member, off, length))
+    return actual
+
+
+def _read_records(entries, fds, skipping, flush_at, frames, free, stop, result, moved=None) -> None:
     """The reader: every record not skipped, read and checked, into batches of whole records
     (member, is_zero, offset, length, checksum, index, data): small ones copied together up to
     *flush_at* bytes, a big one alone in a buffer of its own (back to *free* once sent).
-    *entries* may pause (``None``: a plan still being written): what is batched goes then."""
+    *entries* may pause (``None``: a plan still being written): what is batched goes then.
+    *moved*: see ``stream_records``."""
     chain = result["chain"]
     batches = _Batches(frames, flush_at)
-    h64 = xxhash.xxh3_64_intdigest
+    changed: list = []        # (member, offset, length) sent as read: their ranges must be planned again
     i = -1
     for entry in entries:
         if entry is None:
@@ -454,9 +474,10 @@ def _read_records(entries, fds, skipping, flush_at, frames, free, stop, result) 
             continue
         i += 1
         member, z, off, length, ck = entry
-        chain.update(member, z, off, length, ck)
-        if i in skipping:
-            continue
+        if i in skipping or z:
+            chain.update(member, z, off, length, ck)
+            if i in skipping:
+                continue
         if stop.is_set():
             return
         result["sent"] += 1
@@ -468,15 +489,15 @@ def _read_records(entries, fds, skipping, flush_at, frames, free, stop, result) 
         if length > len(buf):
             buf = bytearray(length)
         data = memoryview(buf)[:length]
-        got = os.preadv(fds[member], [data], off)
-        if got < length:
-            data[got:] = bytes(length - got)
-        if h64(data) != ck:
-            raise ReplicationConflict(unit_id="?", reason=f"snapshot changed under the plan at offset {off}")
+        ck = _read_checked(fds[member], data, member, off, ck, changed if moved is not None else None)
+        chain.update(member, z, off, length, ck)
         if big:
             frames.put(("batch", [(member, False, off, length, ck, i, data)], buf))
             continue
         batches.add((member, False, off, length, ck, i, data), length)
+    for member, off, length in changed:      # the plan is whole now (its entries ended)
+        if not moved(member, off, length):
+            raise ReplicationConflict(unit_id="?", reason=f"snapshot changed under the plan at offset {off}")
     batches.flush()
     frames.put(("end",))
 

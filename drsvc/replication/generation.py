@@ -131,6 +131,9 @@ class Prepared:
     dir: Path
     meta: dict
     planning: Planning | None = None     # the plan still being written (its meta completes when done)
+    # an early plan's (``earlyplan``): whether a member's range is planned again after its first
+    # records, which the stream may then read changed (member index, offset, length) -> bool
+    moved: Callable[[int, int, int], bool] | None = None
 
     def settle(self) -> None:
         """Wait until the plan is written (``meta.json`` complete); raise what stopped it."""

@@ -13,6 +13,7 @@ import errno
 import logging
 import os
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from ..host.fiemap import fiemap_array
 from ..host.freeze import MountsHeld, no_mounts
 from ..host.reflink import data_ranges
 from . import extentplan  # noqa: F401 - numpy loads with the sender, not inside a worker's first sync
+from . import earlyplan
 from . import plan as planner
 from .blockmap import BlockMap, EmptyMap, copy_map
 from .capture import Captured, capture
@@ -86,7 +88,7 @@ class Baseline:
 def prepare(layout: PoolLayout, st: UnitState, members, *, mounts: MountsHeld = no_mounts, bs: int, txid: str,
             target: int, base_generation: int, mode: str, peer_maps: dict | None = None,
             cut: Cut | None = None, sources: dict | None = None, pipelined: bool = False,
-            wire_rate: float = 0.0) -> Prepared:
+            wire_rate: float = 0.0, one_channel=None) -> Prepared:
     """Capture and plan one generation into a private directory. cut: the group spans
     storage nodes (``replication.cut``): the capture meets the other nodes frozen.
     sources: capture these files instead of the live images (a CSI snapshot's).
@@ -95,31 +97,52 @@ def prepare(layout: PoolLayout, st: UnitState, members, *, mounts: MountsHeld = 
     written on a thread (``Prepared.planning``); its entries can be sent as they come, and
     ``meta["estimate"]`` bounds the bytes it will plan. A delta is pipelined too when its
     estimate takes at least PIPELINE_WIRE_S on the wire at *wire_rate* (bytes/s, 0: unknown):
-    its plan's cold reads then hide behind the link (``_wire_bound``)."""
+    its plan's cold reads then hide behind the link (``_wire_bound``). Such a delta of overlay
+    members whose records will go on one channel (*one_channel*(estimate)) returns before its
+    capture ends: its plan follows the pre-copy's clones (``earlyplan``)."""
     tmp = layout.snap_root(st.unit_id) / f"tmp-{txid}"
     t0 = time.monotonic()
     captured_at = time.time()          # the origin's capture instant (receive records, data age)
     baseline = Baseline(layout, st, mode, bs, peer_maps)
+    bases = baseline.overlay_bases(members)
     timings: dict = {}
     meet = (lambda: cut.frozen(st.epoch, st.generation)) if cut is not None else None
+    head = {"txid": txid, "generation": target, "base_generation": base_generation, "mode": mode,
+            "block_size": bs, "captured_at": captured_at}
+    follow = None
+    if (pipelined and mode == "delta" and cut is None and not sources and one_channel is not None
+            and members and set(bases) == set(members)):
+        follow = earlyplan.Follow(lambda pre, dest: _early_intent(layout, st, baseline, members, head, pre, dest,
+                                                                  wire_rate, one_channel))
     try:
-        captured = capture(layout, members, tmp, mounts=mounts, bases=baseline.overlay_bases(members), block_size=bs,
-                           timings=timings, meet=meet, images=sources)
+        if follow is None:
+            captured = capture(layout, members, tmp, mounts=mounts, bases=bases, block_size=bs,
+                               timings=timings, meet=meet, images=sources)
+        else:
+            early = _capture_following(follow, lambda: capture(layout, members, tmp, mounts=mounts, bases=bases,
+                                                               block_size=bs, timings=timings, early=follow))
+            if early is not None:
+                return _plan_following(early, follow, baseline, members, timings, t0, st.unit_id)
+            captured = follow.captured
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)      # nothing half-captured stays (a cut not met, a lost image)
         raise
-    t_capture = time.monotonic() - t0
-    heads = [_member_head(captured[vol], baseline) for vol in members]
-    meta = {"txid": txid, "generation": target, "base_generation": base_generation, "mode": mode,
-            "members": heads, "block_size": bs,
-            "capture_s": t_capture, "freeze_s": timings.get("freeze_s", 0.0),
+    meta = {**head, "members": [_member_head(captured[vol], baseline) for vol in members],
+            "capture_s": time.monotonic() - t0, "freeze_s": timings.get("freeze_s", 0.0),
             "precopy_s": timings.get("precopy_s", 0.0),
             "round": timings.get("round"), "cut_wait_s": timings.get("cut_wait_s", 0.0),
             "ranges_cloned": sum(c.cloned for c in captured.values()),
-            "captured_at": timings.get("frozen_at", captured_at), "sources": bool(sources),
-            "estimate": sum(_estimate(captured[m["volume_id"]], m) for m in heads)}
-    replannable = pipelined and _replannable(tmp, captured, heads, mode)
-    if replannable or (pipelined and mode == "delta" and _wire_bound(meta["estimate"], wire_rate)):
+            "captured_at": timings.get("frozen_at", head["captured_at"]), "sources": bool(sources)}
+    meta["estimate"] = sum(_estimate(captured[m["volume_id"]], m) for m in meta["members"])
+    return _planned(layout, st, tmp, meta, [captured[vol] for vol in members], baseline,
+                    pipelined=pipelined, wire_rate=wire_rate)
+
+
+def _planned(layout: PoolLayout, st: UnitState, tmp: Path, meta: dict, caps: list[Captured], baseline: Baseline,
+             *, pipelined: bool, wire_rate: float) -> Prepared:
+    """A captured generation planned: now, or on a thread with its intent recorded first."""
+    replannable = pipelined and _replannable(tmp, {c.volume_id: c for c in caps}, meta["members"], meta["mode"])
+    if replannable or (pipelined and meta["mode"] == "delta" and _wire_bound(meta["estimate"], wire_rate)):
         # The intent first (snap/<G+1>, its plan not yet whole): records may leave before the
         # plan is. A sender that dies meanwhile leaves it to the next sync: a whole-image plan
         # is planned again from its captured images (``replan``) and resumed, with what landed
@@ -128,13 +151,74 @@ def prepare(layout: PoolLayout, st: UnitState, members, *, mounts: MountsHeld = 
         meta["replan"] = replannable
         store.write_doc(tmp / "meta.json", meta)
         prepared = mark_intent(layout, st.unit_id, Prepared(tmp, meta))
-        caps = (_whole_captures(prepared.dir, heads) if replannable
-                else _moved([captured[vol] for vol in members], tmp, prepared.dir))
+        caps = _whole_captures(prepared.dir, meta["members"]) if replannable else _moved(caps, tmp, prepared.dir)
         prepared.planning = Planning(lambda feed: _plan_all(prepared.dir, meta, caps, baseline, feed),
                                      f"plan-{st.unit_id}")
         return prepared
-    _plan_all(tmp, meta, [captured[vol] for vol in members], baseline)
+    _plan_all(tmp, meta, caps, baseline)
     return Prepared(tmp, meta)
+
+
+def _early_intent(layout: PoolLayout, st: UnitState, baseline: Baseline, members, head: dict, pre: dict,
+                  dest: Path, wire_rate: float, one_channel) -> Path | None:
+    """(On the capture's thread, every pre-copy mapped, nothing cloned yet.) Whether records
+    leave now: a link-bound delta of overlay members that goes on one channel. If so, the
+    generation's intent is recorded (``snap/<G+1>``, its meta.json not complete: a sender that
+    dies leaves it dropped, as any pipelined delta) and the capture goes on there."""
+    if set(pre) != set(members):
+        return None
+    estimate = sum(planner.total(pre[vol].ms.scan) for vol in members)
+    if not _wire_bound(estimate, wire_rate) or not one_channel(estimate):
+        return None
+    heads = []
+    for vol in members:
+        base = baseline.member(vol)
+        base.map.close()
+        heads.append({"volume_id": vol, "size": pre[vol].size, "base_size": base.size, "fresh": False,
+                      "reflinked": True, "overlay": True})
+    meta = {**head, "members": heads, "round": None, "cut_wait_s": 0.0, "sources": False,
+            "estimate": estimate, "replan": False, "early": True}
+    store.write_doc(dest / "meta.json", meta)
+    return mark_intent(layout, st.unit_id, Prepared(dest, meta)).dir
+
+
+def _capture_following(follow: earlyplan.Follow, run) -> Path | None:
+    """Run the capture on a thread of its own; the intent's directory once records may leave
+    (the capture goes on), or None once it ended as an ordinary one (``follow.captured``)."""
+    def body():
+        try:
+            follow.finished(run())
+        except BaseException as e:  # noqa: BLE001 - raised to the caller, or to the plan
+            follow.finished(error=e)
+    threading.Thread(target=body, name="drsvc-capture", daemon=True).start()
+    if follow.wait_decided():
+        return follow.dir
+    follow.wait_done()
+    return None
+
+
+def _plan_following(d: Path, follow: earlyplan.Follow, baseline: Baseline, members, timings: dict, t0: float,
+                    unit_id: str) -> Prepared:
+    """The generation whose records leave as the capture clones: its plan on a thread."""
+    prepared = Prepared(d, store.read_doc(d / "meta.json"))
+    meta, moved = prepared.meta, earlyplan.Moved()
+
+    def run(feed):
+        part = earlyplan.plan_early(d, list(members), baseline.member,
+                                    lambda base, path, size: _new_map(base, path, baseline.bs, size),
+                                    follow, moved, baseline.bs, feed)
+        captured = follow.wait_done()
+        meta.update(part)
+        meta.update({"capture_s": timings.get("capture_s", time.monotonic() - t0),
+                     "freeze_s": timings.get("freeze_s", 0.0), "precopy_s": timings.get("precopy_s", 0.0),
+                     "captured_at": timings.get("frozen_at", meta["captured_at"]),
+                     "ranges_cloned": sum(c.cloned for c in captured.values()),
+                     "created_at": time.time(), "complete": True})
+        store.write_doc(d / "meta.json", meta)
+
+    prepared.planning = Planning(run, f"plan-{unit_id}")
+    prepared.moved = moved
+    return prepared
 
 
 def _plan_all(d: Path, meta: dict, caps: list[Captured], baseline: Baseline, feed=None) -> None:

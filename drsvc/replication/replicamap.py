@@ -231,37 +231,39 @@ class ReplicaMaps:
             pass
 
     def _apply(self, tx: dict, digests_path: Path, records) -> bool:
+        """The records' digests and holes into the maps in the records' own order (arrival
+        order, which is plan order where two records cover one block: ``earlyplan``); each
+        data record takes the next digests entry, which must name its blocks."""
         bs = tx["block_size"]
         members = tx["members"]
-        want = [0] * len(members)
-        zeros: list[tuple[int, int, int]] = []
-        for member, is_zero, offset, length in records:
-            if is_zero:
-                zeros.append((member, offset, length))
-            else:
-                want[member] += block_count(length, bs)
         self.dir.mkdir(parents=True, exist_ok=True)
         maps = self._open(members, bs)
         durable = time.time() - self._durable_at >= DURABLE_EVERY
+        digests = JournalDigests.entries(digests_path) if digests_path.exists() else iter(())
         try:
-            got = [0] * len(members)
-            if digests_path.exists():
-                for member, first, digests in JournalDigests.entries(digests_path):
-                    if member == UNUSABLE or member >= len(members) or not maps[member].write(first, digests):
-                        return False
-                    got[member] += len(digests) // DIGEST
-            if got != want:
-                log.warning("%s: the journal's digests cover %s blocks, its records %s: maps not kept",
-                            self.unit_id, got, want)
+            for member, is_zero, offset, length in records:
+                if is_zero:
+                    if not members[member]["fresh"]:       # a new image's map starts empty
+                        maps[member].clear(offset // bs, block_count(length, bs))
+                    continue
+                if not self._write_next(maps, digests, member, offset // bs, block_count(length, bs)):
+                    return False
+            if next(digests, None) is not None:
+                log.warning("%s: the journal holds digests of no record: maps not kept", self.unit_id)
                 return False
-            for member, offset, length in zeros:
-                if not members[member]["fresh"]:       # a new image's map starts empty
-                    maps[member].clear(offset // bs, block_count(length, bs))
         finally:
             for m in maps.values():
                 m.close(durable)
         self._record(tx["target"], tx["txid"], [m["volume_id"] for m in members], bs, durable=durable)
         return True
+
+    def _write_next(self, maps: dict, digests, member: int, first: int, count: int) -> bool:
+        """The next digests entry into *member*'s map, when it names blocks [first, first+count)."""
+        entry = next(digests, None)
+        if entry is None or entry[0] != member or entry[1] != first or len(entry[2]) != count * DIGEST:
+            log.warning("%s: the journal's digests do not match its records: maps not kept", self.unit_id)
+            return False
+        return maps[member].write(first, entry[2])
 
     def _open(self, members, bs: int) -> dict[int, _Slots]:
         maps: dict[int, _Slots] = {}

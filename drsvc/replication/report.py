@@ -30,6 +30,7 @@ class SyncReport:
     txid: str | None = None
     stripes: int = 1                 # channels the generation's records went over
     pipelined: bool = False          # records left while the plan still read the images
+    early: bool = False              # ... and while the capture still cloned (replication.earlyplan)
     round_trips: int = 0             # replies waited for (each a round trip), every attempt
     channels_opened: int = 0         # fresh receivers started (a few round trips each over SSH)
 

@@ -142,15 +142,21 @@ class Preroll:
     adopt its old way (roll the base in place)."""
 
     def __init__(self, layout: PoolLayout, unit_id: str, gen_dir: Path, meta: dict):
+        self._args = (layout, unit_id, gen_dir, meta)
         self._thread = None
         self.seconds = 0.0       # the thread's time (the ranges' reflinks, off the sync's path)
+
+    def start(self) -> None:
+        """Roll ahead what is worth it, as the capture left it (an early plan's capture ends
+        after its first records left: ``earlyplan``)."""
+        if self._thread is not None or self._args is None:
+            return
+        layout, unit_id, gen_dir, meta = self._args
+        self._args = None
         members = to_roll_ahead(gen_dir, meta)
         if members:
             self._thread = threading.Thread(target=self._run, args=(layout, unit_id, gen_dir, meta, members),
                                             name=f"preroll-{unit_id}", daemon=True)
-
-    def start(self) -> None:
-        if self._thread is not None and self._thread.ident is None:
             self._thread.start()
 
     def _run(self, layout: PoolLayout, unit_id: str, gen_dir: Path, meta: dict, members: list[dict]) -> None:
@@ -163,9 +169,10 @@ class Preroll:
         self.seconds = time.monotonic() - t
 
     def join(self) -> None:
-        if self._thread is not None and self._thread.ident is not None:
+        if self._thread is not None:
             self._thread.join()
         self._thread = None
+        self._args = None
 
 
 def _roll(layout: PoolLayout, unit_id: str, gen_dir: Path, meta: dict) -> None:

@@ -27,7 +27,7 @@ from .generation import Prepared
 from .prepare import prepare
 from .snapstore import Preroll, adopt, mark_intent
 from .stream import stream
-from .striping import stated_rate
+from .striping import one_channel, stated_rate
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +42,12 @@ def prepare_for(a: Attempt, **kw) -> Prepared:
 def prepare_delta(a: Attempt, *, pipelined: bool = False) -> Prepared:
     """The next generation, planned against the acked base (pipelined: still planning when
     returned, ``prepare.prepare``)."""
+    j = a.job
     return prepare_for(a, txid=uuid.uuid4().hex, target=a.st.generation + 1,
                        base_generation=a.st.generation, mode="delta", pipelined=pipelined,
-                       wire_rate=wire_rate(a.job) if pipelined else 0.0)
+                       wire_rate=wire_rate(j) if pipelined else 0.0,
+                       one_channel=lambda planned: one_channel(planned, rtt=j.peer.rtt(), link=j.link or j.peer.link,
+                                                               bwlimit=rate_of(j.bandwidth)))
 
 
 def wire_rate(j: Job) -> float:

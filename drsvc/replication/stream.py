@@ -59,7 +59,9 @@ def stream(session: Session, prepared: Prepared, report: SyncReport, *, unit_id:
     feed = prepared.planning.feed if prepared.planning is not None else None
     tx = transaction(meta, kind=kind, epoch=epoch, demote=demote, origin=origin, two_phase=two_phase)
     planned = int(meta["changed"] if feed is None else meta["estimate"])
-    n = _stripe_count(session, planned, link or session.peer.link, bwlimit) if v4 else 1
+    # an early plan's records apply in plan order (``earlyplan``): one channel keeps that order
+    ordered = meta.get("ordered") or (feed is not None and meta.get("early"))
+    n = _stripe_count(session, planned, link or session.peer.link, bwlimit) if v4 and not ordered else 1
     token = handoff.new_token() if n > 1 else None
     if token:
         tx["stripes"] = {"token": token, "count": n - 1}
@@ -93,6 +95,7 @@ def stream(session: Session, prepared: Prepared, report: SyncReport, *, unit_id:
         raise ReplicationConflict(unit_id=unit_id, reason=f"peer committed {reply}, expected {meta['txid']}")
     _report_times(report, reply, t0, t_sent, time.monotonic())
     report.stripes, report.pipelined = n, feed is not None
+    report.early = feed is not None and bool(meta.get("early"))
     _report_generation(report, meta, sent, two_phase)
     report.bytes_on_wire = session.bytes_sent   # the whole conversation, control included
 
@@ -145,6 +148,12 @@ def _begin(session: Session, tx: dict, prepared: Prepared, unit_id: str, one_fli
     count = int(ready.get("resume_records") or 0)
     if not count:
         return 0, set()
+    if meta.get("ordered"):
+        # what the peer holds may be an early plan's first records as they were read then, and
+        # records resumed after later ones would apply out of plan order: sent again, in order
+        log.info("peer journal of %s holds part of a plan whose records apply in order; restarting it", unit_id)
+        session.restart()
+        return 0, set()
     if session.version < 4:
         if count <= meta["records"] and manifest_of(plan_path, count).hexdigest() == ready.get("manifest"):
             return count, set()
@@ -170,7 +179,8 @@ def _send_records(session: Session, prepared: Prepared, stripes, skip: int, held
         writes = [prog.wrap(w) for w in writes]
     try:
         sent, chain = stream_records(prepared.dir / "plan.bin", fds, writes, skip=skip, held=held,
-                                     indexed=indexed, stop=stop, compress=compress, entries=feed)
+                                     indexed=indexed, stop=stop, compress=compress, entries=feed,
+                                     moved=prepared.moved if feed is not None else None)
         for s in stripes:
             s.end()
         return sent, chain

@@ -39,3 +39,13 @@ def stripe_count(planned: int, *, rtt: float | None, link: LinkHints, bwlimit: f
     rate = stated_rate(link, bwlimit) or DEFAULT_RATE
     n = math.ceil(HEADROOM * rate * rtt / link.window)
     return max(1, min(n, link.max_stripes, max(1, planned // MIN_PER_STRIPE)))
+
+
+def one_channel(planned: int, *, rtt: float | None, link: LinkHints, bwlimit: float | None = None) -> bool:
+    """Whether a transaction of *planned* bytes will go on one channel, as ``stripe_count``
+    would decide it; False while the RTT it needs is unknown."""
+    if not link.stripes and planned <= link.window:
+        return True
+    if rtt is None and not link.stripes:
+        return False
+    return stripe_count(planned, rtt=rtt, link=link, bwlimit=bwlimit) == 1

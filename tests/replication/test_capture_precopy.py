@@ -1,15 +1,22 @@
 """The two-pass overlay capture: writes that land between the pre-copy (unfrozen) and
 the frozen pass are in the generation, and only they are cloned again inside the freeze.
 
-The writes are injected right after the real pre-copy returns (the seam between the two
+The writes are injected right after the real pre-copy's clones (the seam between the two
 passes); everything else is the real engine on a loop-mounted XFS, and the replica is
-compared byte for byte with the image as it stood at the frozen pass."""
+compared byte for byte with the image as it stood at the frozen pass. Over a slow link
+(a stated ``link_rate``) the records leave while the pre-copy clones (``earlyplan``): the
+ranges written after their clone are then planned a second time, after the first records."""
 import os
 import random
+import threading
+
+import pytest
 
 from drsvc.replication import capture as capture_mod
+from drsvc.replication import earlyplan
 from drsvc.replication import sync_unit
 from drsvc.replication.blockmap import punch_hole
+from drsvc.transport import LinkHints
 from drsvc.transport.local import LocalPeer
 from drsvc_lab import wait_until
 from tests.fixtures.xfs import need
@@ -27,8 +34,11 @@ def _tick_after(path) -> bool:
     return os.stat(probe).st_ctime_ns > os.stat(path).st_ctime_ns
 
 
-def test_writes_between_precopy_and_freeze_are_in_the_generation(xfs_mod, monkeypatch):
+@pytest.mark.parametrize("early", [False, True], ids=["planned-after", "records-while-cloning"])
+def test_writes_between_precopy_and_freeze_are_in_the_generation(xfs_mod, monkeypatch, early):
     need("mkfs.xfs")
+    # a rate at which the change is link-bound (prepare._wire_bound): the plan follows the clones
+    link = LinkHints(rate=64 << 10) if early else None
     rnd = random.Random(23)
     a, b = new_sites(xfs_mod)
     img = a / "images" / "v.img"
@@ -43,12 +53,23 @@ def test_writes_between_precopy_and_freeze_are_in_the_generation(xfs_mod, monkey
     rewritten = before[:5]          # changed before the capture, and again between the passes
     punched = during[-1]            # data in the base, a hole by the frozen pass
 
-    real = capture_mod._precopy
+    real = capture_mod._clone_precopy
     seen = {}
 
-    def precopy_then_write(src, dest, vol, base, bs):
-        pre = real(src, dest, vol, base, bs)
+    first_pass = threading.Event()
+    real_scan = earlyplan.scan_member
+
+    def scan(*args):
+        real_scan(*args)
+        if args[3] is not args[4]:      # against the base map, not the new one: the first pass
+            first_pass.set()
+    monkeypatch.setattr(earlyplan, "scan_member", scan)
+
+    def precopy_then_write(src, dest, vol, pre, progress=None):
+        real(src, dest, vol, pre, progress)
         seen["precopied"] = pre.cloned
+        if early:       # the first records were planned from the clones before these writes
+            assert first_pass.wait(30)
         for blk in rewritten + during[:-1]:
             write_at(img, blk * BS, rnd.randbytes(BS))
         fd = os.open(img, os.O_RDWR)
@@ -59,20 +80,27 @@ def test_writes_between_precopy_and_freeze_are_in_the_generation(xfs_mod, monkey
             os.close(fd)
         # past the clock tick of the last write: the overlay stands
         wait_until(lambda: _tick_after(img), 5, "the filesystem's clock to pass the last write")
-        return pre
-    monkeypatch.setattr(capture_mod, "_precopy", precopy_then_write)
+    monkeypatch.setattr(capture_mod, "_clone_precopy", precopy_then_write)
 
-    rep = sync_unit(a, "v", ["v"], peer)
+    rep = sync_unit(a, "v", ["v"], peer, link=link)
     same_images(a, b, ["v"])        # the replica is the image as the frozen pass saw it
     assert seen["precopied"] == len(before)
     # inside the freeze, only what moved since the pre-copy was cloned again
     assert rep.ranges_cloned == len(before) + len(rewritten) + len(during) - 1
-    assert rep.bytes_changed == (len(before) + len(during) - 1) * BS
     assert "precopy_s" in rep.phases and "freeze_s" in rep.phases
+    assert rep.early is early
+    if early:
+        # the first pass sent what the clones held; the ranges written after their clone went
+        # again, later in the plan (the punched block as a zero record)
+        assert rep.bytes_changed == (len(before) + len(rewritten) + len(during) - 1) * BS
+        assert rep.bytes_zeroed == BS and rep.stripes == 1
+    else:
+        assert rep.bytes_changed == (len(before) + len(during) - 1) * BS
 
-    monkeypatch.setattr(capture_mod, "_precopy", real)
+    monkeypatch.setattr(capture_mod, "_clone_precopy", real)
     for blk in during:              # and the next generation starts from that one
         write_at(img, blk * BS, rnd.randbytes(BS))
-    rep = sync_unit(a, "v", ["v"], peer)
+    rep = sync_unit(a, "v", ["v"], peer, link=link)
     same_images(a, b, ["v"])
-    assert rep.ranges_cloned == len(during)
+    assert rep.ranges_cloned == len(during) and rep.early is early
+    assert rep.bytes_changed == len(during) * BS

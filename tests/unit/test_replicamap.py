@@ -53,3 +53,46 @@ def test_a_file_written_in_another_boot_lists_nothing(tmp_path, monkeypatch):
     with open(tmp_path / "e.bin", "wb") as f:          # no header at all (an older receiver's)
         f.write(b"\0" * DIGESTS_HEADER.size)
     assert list(JournalDigests.entries(tmp_path / "e.bin")) == []
+
+
+def _maps_after(tmp_path, records):
+    """A unit's replica map of one member (16 blocks, every one data) after *records*, as
+    ``ReplicaMaps.apply`` takes them: (member, is_zero, offset, length, data or None)."""
+    from drsvc.replication.blockmap import BlockMap
+    from drsvc.replication.layout import PoolLayout
+    layout = PoolLayout(tmp_path / "pool")
+    maps = replicamap.ReplicaMaps(layout, "u")
+    maps.dir.mkdir(parents=True, exist_ok=True)
+    layout.images.mkdir(parents=True)
+    layout.image("v").write_bytes(b"")
+    os.truncate(layout.image("v"), 16 * 4096)
+    bm = BlockMap.create(maps.path("v"), 4096, 16 * 4096)
+    bm.write(0, digest_blocks(b"\1" * 16 * 4096, 4096))
+    bm.close()
+    jd = JournalDigests(tmp_path / "d.bin")
+    jd.reset()
+    for member, z, off, _length, data in records:
+        if not z:
+            jd.add(member, off, 4096, JournalDigests.digest(off, 4096, data))
+    jd.close()
+    tx = {"block_size": 4096, "target": 2, "txid": "t", "members": [{"volume_id": "v", "size": 16 * 4096,
+                                                                    "fresh": False}]}
+    assert maps.apply(tx, tmp_path / "d.bin", [(m, z, o, n) for m, z, o, n, _d in records])
+    bm = BlockMap.open(maps.path("v"))
+    try:
+        return bm.read(0, 16)
+    finally:
+        bm.close()
+
+
+def test_records_on_one_block_take_the_maps_in_arrival_order(tmp_path):
+    """An early plan (``earlyplan``) sends a block again later in the plan when it was written
+    after its clone: a zero record then data, or data then zero, and the later one is what the
+    replica holds, so it is what its map must say."""
+    new = b"\2" * 4096
+    d = _maps_after(tmp_path / "a", [(0, True, 4096, 4096, None), (0, False, 4096, 4096, new)])
+    assert d[16:32] == digest_blocks(new, 4096)
+    d = _maps_after(tmp_path / "b", [(0, False, 4096, 4096, new), (0, True, 4096, 4096, None)])
+    assert d[16:32] == bytes(16)
+    d = _maps_after(tmp_path / "c", [(0, False, 0, 8192, b"\3" * 8192), (0, False, 4096, 4096, new)])
+    assert d[:32] == digest_blocks(b"\3" * 4096, 4096) + digest_blocks(new, 4096)
