@@ -101,20 +101,27 @@ def fiemap_array(fd: int, size: int, *, batch: int = 32768):
     physical, length, flags), read in large batches and parsed without a Python
     loop per extent: an aged 1 GiB image has ~10^5 extents."""
     import numpy as np
+    parts = list(fiemap_batches(fd, size, first=batch, batch=batch))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.dtype(EXTENT_DTYPE))
+
+
+def fiemap_batches(fd: int, size: int, *, first: int, batch: int = 32768):
+    """The extent map of [0, size) in order, as numpy arrays of up to *first*, then *batch*,
+    extents each (one FIEMAP call each); the last is the one holding the file's last extent."""
+    import numpy as np
     dt = np.dtype(EXTENT_DTYPE)
     assert dt.itemsize == EXTENT.size
-    parts = []
-    pos = 0
-    buf = build_request(0, 0, batch)
+    pos, count = 0, first
     while pos < size:
-        HEADER.pack_into(buf, 0, pos, size - pos, FIEMAP_FLAG_SYNC, 0, batch, 0)
+        buf = build_request(0, 0, count)
+        HEADER.pack_into(buf, 0, pos, size - pos, FIEMAP_FLAG_SYNC, 0, count, 0)
         fcntl.ioctl(fd, FS_IOC_FIEMAP, buf, True)
         mapped = HEADER.unpack_from(buf, 0)[3]
         if mapped == 0:
-            break
+            return
         got = np.frombuffer(buf, dtype=dt, count=mapped, offset=HEADER.size).copy()
-        parts.append(got)
+        yield got
         if got["flags"][-1] & FIEMAP_EXTENT_LAST:
-            break
+            return
         pos = int(got["logical"][-1] + got["length"][-1])
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=dt)
+        count = batch

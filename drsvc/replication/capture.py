@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import itertools
 import logging
+import math
 import os
 import struct
 import time
@@ -46,7 +48,7 @@ from typing import Protocol
 import xxhash
 
 from ..errors import ImageResized, VolumeNotFound
-from ..host.fiemap import EXTENT_DTYPE, fiemap_array
+from ..host.fiemap import EXTENT_DTYPE, FIEMAP_EXTENT_LAST, fiemap_array, fiemap_batches
 from ..host.freeze import MountsHeld, frozen, no_mounts, write_back
 from ..host.reflink import clone_file, clone_range
 from . import plan as planner
@@ -73,14 +75,20 @@ WHOLE = "whole"
 
 
 class Early(Protocol):
-    """Lets records leave while the pre-copy still clones (``replication.earlyplan``). Called
-    on the capture's thread: ``premapped`` once every member's pre-copy is mapped, before any
-    clone, returns the directory to clone into from then on (the generation's intent), or None
-    for an ordinary capture; ``cloned`` as each member's clones advance."""
+    """Lets records leave while the pre-copy still maps and clones (``replication.earlyplan``).
+    Called on the capture's thread: ``premapped`` once every member's first map window is
+    planned (with the bytes the pre-copy will likely clone, extrapolated, and each member's
+    size), before any clone; it returns the directory to capture into from then on (the
+    generation's intent), or None for an ordinary capture. Then, member by member, ``window``
+    for each map window before its clones, ``cloned`` as they advance, ``mapped`` at its end."""
 
-    def premapped(self, pre: dict, dest: Path) -> Path | None: ...
+    def premapped(self, estimate: int, sizes: dict, dest: Path) -> Path | None: ...
+
+    def window(self, vol: str, w: MapWindow) -> None: ...
 
     def cloned(self, vol: str, upto: int) -> None: ...
+
+    def mapped(self, vol: str, pre: Precopy) -> None: ...
 
 
 def _ranges_file(path: Path, intervals) -> None:
@@ -252,27 +260,117 @@ def _map_bases(members, bases: dict) -> dict:
 
 
 def _precopy_all(layout, dest: Path, base_ext: dict, bs: int, mountpoints, early: Early | None):
-    """The pre-copy of every overlay member: the bulk of the clones, before the freeze. Every
-    member is mapped first; *early* (if any) may then move the capture to another directory
-    and follow the clones. Returns (pre-copies, the directory, whether *early* follows)."""
+    """The pre-copy of every overlay member: the bulk of the clones, before the freeze.
+    Returns (pre-copies, the directory the capture goes on in, whether *early* follows)."""
     pre = {}
     if base_ext:
         write_back(mountpoints)      # what the filesystems hold dirty reaches the images unfrozen
+    if early is not None and base_ext:
+        return _precopy_early(layout, dest, base_ext, bs, early)
     for vol in base_ext:
         try:
-            pre[vol] = _premap(layout.image(vol), base_ext[vol], bs, settle=early is None)
+            pre[vol] = _premap(layout.image(vol), base_ext[vol], bs)
         except FileNotFoundError:
             raise VolumeNotFound(volume_id=vol) from None
         except OSError as e:
             if e.errno not in _NO_FIEMAP:
                 raise
-    moved = early.premapped(pre, dest) if early is not None and pre else None
-    if moved is not None:
-        dest = moved
     for vol, p in pre.items():
-        _clone_precopy(layout.image(vol), dest, vol, p,
-                       (lambda upto, v=vol: early.cloned(v, upto)) if moved is not None else None)
-    return pre, dest, moved is not None
+        _clone_precopy(layout.image(vol), dest, vol, p)
+    return pre, dest, False
+
+
+@dataclass
+class _Mapping:
+    """One member's pre-copy being mapped window by window (an early capture)."""
+    fd: int
+    size: int
+    mtime_ns: int | None
+    fs_block: int
+    windows: object              # the rest of ``_map_windows``
+    first: MapWindow
+    parts: list
+
+
+def _precopy_early(layout, dest: Path, base_ext: dict, bs: int, early: Early):
+    """The pre-copy mapped in windows: every member's first window, then *early* decides;
+    if it follows, each window is handed to it and cloned before the next is mapped, so
+    records can leave a few milliseconds in; if not, an ordinary pre-copy."""
+    maps: dict[str, _Mapping] = {}
+    try:
+        for vol in base_ext:
+            m = _start_mapping(layout.image(vol), vol, base_ext[vol], bs)
+            if m is not None:
+                maps[vol] = m
+        estimate = sum(planner.total(m.first.ms.scan) * m.size // max(m.first.end, 1) for m in maps.values())
+        moved = early.premapped(estimate, {vol: m.size for vol, m in maps.items()}, dest) if maps else None
+        pre = {}
+        for vol, m in maps.items():
+            if moved is not None:
+                pre[vol] = _clone_windows(m, itertools.chain([m.first], m.windows), moved, vol, early)
+                early.mapped(vol, pre[vol])
+            else:
+                pre[vol] = _assemble(m, [m.first, *m.windows])
+                _clone_precopy(layout.image(vol), dest, vol, pre[vol])
+        return pre, moved or dest, moved is not None
+    finally:
+        for m in maps.values():
+            os.close(m.fd)
+
+
+def _start_mapping(src: Path, vol: str, base, bs: int) -> _Mapping | None:
+    """Open a member's image and map its first window (None: FIEMAP does not work there)."""
+    try:
+        fd = os.open(src, os.O_RDONLY)
+    except FileNotFoundError:
+        raise VolumeNotFound(volume_id=vol) from None
+    try:
+        settled = _settled(fd, os.fstat(fd))
+        st = settled or os.fstat(fd)
+        fs_block = max(st.st_blksize, 4096)
+        parts: list = []
+        windows = _map_windows(fiemap_batches(fd, st.st_size, first=EARLY_FIRST, batch=EARLY_BATCH),
+                               st.st_size, base, bs, fs_block, parts)
+        first = next(windows)
+    except OSError as e:
+        os.close(fd)
+        if e.errno not in _NO_FIEMAP:
+            raise
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return _Mapping(fd, st.st_size, st.st_mtime_ns if settled else None, fs_block, windows, first, parts)
+
+
+def _assemble(m: _Mapping, windows: list[MapWindow]) -> Precopy:
+    import numpy as np
+    ms = planner.MemberScan(scan=[r for w in windows for r in w.ms.scan],
+                            clear=[r for w in windows for r in w.ms.clear])
+    clone = [r for w in windows for r in w.clone]
+    extents = np.concatenate(m.parts) if m.parts else np.zeros(0, dtype=np.dtype(EXTENT_DTYPE))
+    return Precopy(extents, ms, m.size, len(clone), m.mtime_ns, clone)
+
+
+def _clone_windows(m: _Mapping, windows, dest: Path, vol: str, early: Early) -> Precopy:
+    """Each window handed to *early*, then cloned into ``<vol>.delta``; the next window is
+    mapped only then (``windows`` is lazy past the first)."""
+    done: list[MapWindow] = []
+    dfd = os.open(dest / f"{vol}.delta", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(dfd, m.size)
+        early.cloned(vol, 0)
+        for w in windows:
+            early.window(vol, w)
+            for n, (s, e) in enumerate(w.clone, 1):
+                clone_range(m.fd, dfd, s, e - s)
+                if n % PROGRESS_EVERY == 0:
+                    early.cloned(vol, e)
+            early.cloned(vol, w.end)
+            done.append(w)
+    finally:
+        os.close(dfd)
+    return _assemble(m, done)
 
 
 def _capture_member(src: Path, dest: Path, vol: str, base, bs: int, pre, later: list, *, settle: bool,
@@ -367,16 +465,12 @@ def _settled(fd: int, st):
     return None
 
 
-def _premap(src: Path, base, bs: int, *, settle: bool = True) -> Precopy:
-    """The pre-copy's map: the live image's FIEMAP and its plan against the base, unfrozen.
-    Its mtime is kept when the coarse clock has passed it (waiting a tick or two for that
-    when *settle*), so the frozen pass can tell nothing was written since; an early plan's
-    capture does not wait (its frozen pass, off the records' path, then maps the image again)."""
+def _premap(src: Path, base, bs: int) -> Precopy:
+    """The pre-copy's map: the live image's FIEMAP and its plan against the base, unfrozen."""
     base_extents, base_size = base
     fd = os.open(src, os.O_RDONLY)
     try:
-        st = os.fstat(fd)
-        settled = _settled(fd, st) if settle else (st if st.st_mtime_ns < _coarse_now_ns() else None)
+        settled = _settled(fd, os.fstat(fd))
         st = settled or os.fstat(fd)
         size = st.st_size
         extents = fiemap_array(fd, size)
@@ -387,31 +481,76 @@ def _premap(src: Path, base, bs: int, *, settle: bool = True) -> Precopy:
     return Precopy(extents, ms, size, len(clone), st.st_mtime_ns if settled else None, clone)
 
 
+EARLY_FIRST = 1024      # extents in an early capture's first map window: the first records wait for it
+EARLY_BATCH = 8192      # and in each window after it
+
+
+@dataclass
+class MapWindow:
+    """One window [start, end) of an early capture's map (``_map_windows``)."""
+    start: int
+    end: int
+    ms: planner.MemberScan       # its ranges to hash and to clear, against the base
+    clone: list                  # its ranges to clone (filesystem blocks, inside the window)
+
+
+def _clip(intervals, lo: int, hi: int) -> list[tuple[int, int]]:
+    return [(max(s, lo), min(e, hi)) for s, e in intervals if s < hi and e > lo]
+
+
+def _map_windows(batches, size: int, base, bs: int, fs_block: int, parts: list):
+    """The pre-copy's map in windows, as FIEMAP gives the live image's extents (*batches*:
+    ``fiemap_batches``; each batch is appended to *parts*). A window ends at a multiple of the
+    block sizes at or before its batch's last extent, and is planned from every extent of the
+    image and of the base that overlaps it, then clipped to it: the same ranges as one plan of
+    the whole map (``tests/unit/test_capture_windows.py``)."""
+    import numpy as np
+    base_extents, base_size = base
+    bstart = base_extents["logical"].astype(np.int64)
+    bend = bstart + base_extents["length"].astype(np.int64)
+    align = math.lcm(bs, fs_block)
+    w0, carry = 0, base_extents[:0]
+    for part in batches:
+        parts.append(part)
+        sel = np.concatenate([carry, part])
+        last = bool(part["flags"][-1] & FIEMAP_EXTENT_LAST)
+        reach = int(part["logical"][-1] + part["length"][-1])
+        w1 = size if last else min(size, reach // align * align)
+        if w1 > w0:
+            yield _window(sel, base_extents[(bstart < w1) & (bend > w0)], w0, w1, size, base_size, bs, fs_block)
+            w0 = w1
+        ends = sel["logical"].astype(np.int64) + sel["length"].astype(np.int64)
+        carry = sel[ends > w0]
+    if w0 < size:
+        yield _window(carry, base_extents[bend > w0], w0, size, size, base_size, bs, fs_block)
+
+
+def _window(new, base, w0: int, w1: int, size: int, base_size: int, bs: int, fs_block: int) -> MapWindow:
+    whole = planner.plan_from_extent_arrays(new, base, size, base_size, bs)
+    ms = planner.MemberScan(scan=_clip(whole.scan, w0, w1), clear=_clip(whole.clear, w0, w1))
+    return MapWindow(w0, w1, ms, _clip(_round_out(ms.scan, fs_block, size), w0, w1) if ms.scan else [])
+
+
 PROGRESS_EVERY = 128     # ranges cloned between two progress calls (``Early.cloned``)
 
 
-def _clone_precopy(src: Path, dest: Path, vol: str, pre: Precopy, progress=None) -> None:
-    """Clone every range of the pre-copy's map into ``<vol>.delta``, unfrozen; *progress*
-    hears the offset up to which the overlay holds them, as it grows."""
+def _clone_precopy(src: Path, dest: Path, vol: str, pre: Precopy) -> None:
+    """Clone every range of the pre-copy's map into ``<vol>.delta``, unfrozen."""
     fd = os.open(src, os.O_RDONLY)
     try:
-        _clone_ranges(fd, dest / f"{vol}.delta", pre.size, pre.clone, create=True, progress=progress)
+        _clone_ranges(fd, dest / f"{vol}.delta", pre.size, pre.clone, create=True)
     finally:
         os.close(fd)
 
 
-def _clone_ranges(fd: int, path: Path, size: int, ranges, *, create: bool, progress=None) -> None:
+def _clone_ranges(fd: int, path: Path, size: int, ranges, *, create: bool) -> None:
     """FICLONERANGE *ranges* of the image open as *fd* into the sparse file *path*."""
     flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
     dfd = os.open(path, flags, 0o600)
     try:
         os.ftruncate(dfd, size)
-        for n, (s, e) in enumerate(ranges, 1):
+        for s, e in ranges:
             clone_range(fd, dfd, s, e - s)
-            if progress is not None and n % PROGRESS_EVERY == 0:
-                progress(e)
-        if progress is not None:
-            progress(size)
     finally:
         os.close(dfd)
 

@@ -408,6 +408,7 @@ class Journal:
         self._readahead: _Readahead | None = None
         self.index = _Index()
         self.maps_s = 0.0
+        self._maps: ReplicaMaps | None = None     # applied, the maps still to follow (follow_maps)
         self.digests = JournalDigests(layout.journal_digests(unit_id))
 
     @property
@@ -661,13 +662,15 @@ class Journal:
     # -- apply
     def apply(self, early: dict | None = None) -> _Cloner:
         """Apply a committed journal to the pool's images; safe to repeat. *early*: the undo
-        copies made as the records arrived (``undoahead``), for the recovery points."""
+        copies made as the records arrived (``undoahead``), for the recovery points. The
+        replica's block maps follow in :meth:`follow_maps` (a commit answers between the two)."""
         self.close()
         pointcommit.before_apply(self.layout, self.tx, self.spans, early)   # recovery points: keep what it overwrites
         t = time.monotonic()
         maps = ReplicaMaps(self.layout, self.unit_id)
         follow = maps.begin_apply(self.tx, find_state(self.layout.root, self.unit_id))
-        begin_s = time.monotonic() - t
+        self.maps_s = time.monotonic() - t
+        self._maps = maps if follow else None
         members = self.tx["members"]
         fds: dict[int, int] = {}
         cloner = _Cloner()
@@ -681,11 +684,24 @@ class Journal:
                 os.close(fd)
             self.close()
         self._install_staged(members)
-        t = time.monotonic()
-        if follow:
-            maps.apply(self.tx, self.digests.path, ((m, c == CODEC_ZERO, o, n) for m, c, _f, o, n, _p, _i in self._entries()))
-        self.maps_s = begin_s + time.monotonic() - t      # the replica's block maps' share of it
         return cloner
+
+    def follow_maps(self) -> None:
+        """The replica's block maps take the applied records' digests (``replicamap``). Only an
+        optimisation: left undone (a crash after :meth:`apply`), the maps stay unused, as
+        ``begin_apply`` left them."""
+        maps, self._maps = self._maps, None
+        if maps is None:
+            return
+        t = time.monotonic()
+        maps.apply(self.tx, self.digests.path, ((m, c == CODEC_ZERO, o, n) for m, c, _f, o, n, _p, _i in self._entries()))
+        self.maps_s += time.monotonic() - t
+
+    def apply_all(self) -> _Cloner:
+        """:meth:`apply`, then :meth:`follow_maps` (a replay, a round's decision)."""
+        applied = self.apply()
+        self.follow_maps()
+        return applied
 
     def _open_images(self, members, fds: dict[int, int]) -> None:
         """The images of members with a base, at the transaction's size, into *fds*."""

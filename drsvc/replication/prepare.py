@@ -112,8 +112,8 @@ def prepare(layout: PoolLayout, st: UnitState, members, *, mounts: MountsHeld = 
     follow = None
     if (pipelined and mode == "delta" and cut is None and not sources and one_channel is not None
             and members and set(bases) == set(members)):
-        follow = earlyplan.Follow(lambda pre, dest: _early_intent(layout, st, baseline, members, head, pre, dest,
-                                                                  wire_rate, one_channel))
+        follow = earlyplan.Follow(lambda est, sizes, dest: _early_intent(layout, st, baseline, members, head, est,
+                                                                         sizes, dest, wire_rate, one_channel))
     try:
         if follow is None:
             captured = capture(layout, members, tmp, mounts=mounts, bases=bases, block_size=bs,
@@ -159,22 +159,20 @@ def _planned(layout: PoolLayout, st: UnitState, tmp: Path, meta: dict, caps: lis
     return Prepared(tmp, meta)
 
 
-def _early_intent(layout: PoolLayout, st: UnitState, baseline: Baseline, members, head: dict, pre: dict,
-                  dest: Path, wire_rate: float, one_channel) -> Path | None:
-    """(On the capture's thread, every pre-copy mapped, nothing cloned yet.) Whether records
-    leave now: a link-bound delta of overlay members that goes on one channel. If so, the
-    generation's intent is recorded (``snap/<G+1>``, its meta.json not complete: a sender that
-    dies leaves it dropped, as any pipelined delta) and the capture goes on there."""
-    if set(pre) != set(members):
-        return None
-    estimate = sum(planner.total(pre[vol].ms.scan) for vol in members)
-    if not _wire_bound(estimate, wire_rate) or not one_channel(estimate):
+def _early_intent(layout: PoolLayout, st: UnitState, baseline: Baseline, members, head: dict, estimate: int,
+                  sizes: dict, dest: Path, wire_rate: float, one_channel) -> Path | None:
+    """(On the capture's thread, every member's first map window planned, nothing cloned yet.)
+    Whether records leave now: a link-bound delta (*estimate*: the first windows' bytes,
+    extrapolated) of overlay members that goes on one channel. If so, the generation's intent
+    is recorded (``snap/<G+1>``, its meta.json not complete: a sender that dies leaves it
+    dropped, as any pipelined delta) and the capture goes on there."""
+    if set(sizes) != set(members) or not _wire_bound(estimate, wire_rate) or not one_channel(estimate):
         return None
     heads = []
     for vol in members:
         base = baseline.member(vol)
         base.map.close()
-        heads.append({"volume_id": vol, "size": pre[vol].size, "base_size": base.size, "fresh": False,
+        heads.append({"volume_id": vol, "size": sizes[vol], "base_size": base.size, "fresh": False,
                       "reflinked": True, "overlay": True})
     meta = {**head, "members": heads, "round": None, "cut_wait_s": 0.0, "sources": False,
             "estimate": estimate, "replan": False, "early": True}

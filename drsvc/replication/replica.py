@@ -73,7 +73,7 @@ def recover(layout: PoolLayout, unit_id: str) -> Journal:
         st = find_state(layout.root, unit_id)
         if st is None or st.txid != j.tx["txid"]:
             ensure_members_not_in_use(layout, unit_id, [m["volume_id"] for m in j.tx["members"]])
-            j.apply()
+            j.apply_all()
             record_generation(layout, j.tx)
         j.discard()
     return j
@@ -142,7 +142,7 @@ def settle(layout: PoolLayout, unit_id: str, txid: str, commit: bool) -> dict:
         ensure_members_not_in_use(layout, unit_id, [m["volume_id"] for m in j.tx["members"]])
         j.mark_committed(vote["records"], vote["manifest"])
         failpoint("receiver.after_decide_marker")
-        applied = j.apply()
+        applied = j.apply_all()
         st = record_generation(layout, j.tx)
         j.discard()
         return {"type": "committed", "generation": st.generation, "txid": txid, "epoch": st.epoch,

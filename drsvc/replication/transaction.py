@@ -332,16 +332,20 @@ class Transaction:
         undo_s = pointcommit.undo_seconds(tx["txid"])
         st = record_generation(self.layout, tx, began=self.began, nbytes=self.nbytes)
         failpoint("receiver.after_state")
-        j.discard()
         self.committed = True
         out.control({"type": "committed", "generation": st.generation, "txid": tx["txid"],
                      "epoch": st.epoch, "cloned_bytes": applied.cloned, "copied_bytes": applied.copied,
                      # the peer's share of the stream phase: making it durable, then applying
                      "sync_s": round(t_apply - t_sync, 4), "apply_s": round(t_done - t_apply, 4),
-                     "maps_s": round(j.maps_s, 4), "undo_s": round(undo_s, 4),
+                     "undo_s": round(undo_s, 4),
                      # the undo copy made as the records arrived: its time, and the wait for its last batch
                      "undo_ahead_s": round(self.undo.busy_s if self.undo is not None else 0.0, 4),
                      "undo_wait_s": round(t_sync - t_undo, 4)})
+        # after the answer, before the next request is read (the unit's lock is still held): the
+        # block maps (an optimisation: a crash here leaves them unused) and the journal's removal
+        # (a crash here leaves a journal that ``recover`` finds applied and recorded: discarded)
+        j.follow_maps()
+        j.discard()
         return Journal(self.layout, tx["unit"])
 
     def _keep_received(self) -> None:

@@ -1,7 +1,7 @@
 """The two-pass overlay capture: writes that land between the pre-copy (unfrozen) and
 the frozen pass are in the generation, and only they are cloned again inside the freeze.
 
-The writes are injected right after the real pre-copy's clones (the seam between the two
+The writes are injected right after the real pre-copy (the seam between the two
 passes); everything else is the real engine on a loop-mounted XFS, and the replica is
 compared byte for byte with the image as it stood at the frozen pass. Over a slow link
 (a stated ``link_rate``) the records leave while the pre-copy clones (``earlyplan``): the
@@ -53,7 +53,7 @@ def test_writes_between_precopy_and_freeze_are_in_the_generation(xfs_mod, monkey
     rewritten = before[:5]          # changed before the capture, and again between the passes
     punched = during[-1]            # data in the base, a hole by the frozen pass
 
-    real = capture_mod._clone_precopy
+    real = capture_mod._precopy_all
     seen = {}
 
     first_pass = threading.Event()
@@ -65,9 +65,9 @@ def test_writes_between_precopy_and_freeze_are_in_the_generation(xfs_mod, monkey
             first_pass.set()
     monkeypatch.setattr(earlyplan, "scan_member", scan)
 
-    def precopy_then_write(src, dest, vol, pre, progress=None):
-        real(src, dest, vol, pre, progress)
-        seen["precopied"] = pre.cloned
+    def precopy_then_write(*args):
+        got = real(*args)
+        seen["precopied"] = got[0]["v"].cloned
         if early:       # the first records were planned from the clones before these writes
             assert first_pass.wait(30)
         for blk in rewritten + during[:-1]:
@@ -80,7 +80,8 @@ def test_writes_between_precopy_and_freeze_are_in_the_generation(xfs_mod, monkey
             os.close(fd)
         # past the clock tick of the last write: the overlay stands
         wait_until(lambda: _tick_after(img), 5, "the filesystem's clock to pass the last write")
-    monkeypatch.setattr(capture_mod, "_clone_precopy", precopy_then_write)
+        return got
+    monkeypatch.setattr(capture_mod, "_precopy_all", precopy_then_write)
 
     rep = sync_unit(a, "v", ["v"], peer, link=link)
     same_images(a, b, ["v"])        # the replica is the image as the frozen pass saw it
@@ -97,7 +98,7 @@ def test_writes_between_precopy_and_freeze_are_in_the_generation(xfs_mod, monkey
     else:
         assert rep.bytes_changed == (len(before) + len(during) - 1) * BS
 
-    monkeypatch.setattr(capture_mod, "_clone_precopy", real)
+    monkeypatch.setattr(capture_mod, "_precopy_all", real)
     for blk in during:              # and the next generation starts from that one
         write_at(img, blk * BS, rnd.randbytes(BS))
     rep = sync_unit(a, "v", ["v"], peer, link=link)
