@@ -303,6 +303,8 @@ def _precopy_early(layout, dest: Path, base_ext: dict, bs: int, early: Early):
             if m is not None:
                 maps[vol] = m
         estimate = sum(planner.total(m.first.ms.scan) * m.size // max(m.first.end, 1) for m in maps.values())
+        for vol, m in maps.items():        # every overlay exists before a record may be read from it
+            _clone_ranges(m.fd, dest / f"{vol}.delta", m.size, [], create=True)
         moved = early.premapped(estimate, {vol: m.size for vol, m in maps.items()}, dest) if maps else None
         pre = {}
         for vol, m in maps.items():
@@ -311,7 +313,7 @@ def _precopy_early(layout, dest: Path, base_ext: dict, bs: int, early: Early):
                 early.mapped(vol, pre[vol])
             else:
                 pre[vol] = _assemble(m, [m.first, *m.windows])
-                _clone_precopy(layout.image(vol), dest, vol, pre[vol])
+                _clone_ranges(m.fd, dest / f"{vol}.delta", m.size, pre[vol].clone, create=False)
         return pre, moved or dest, moved is not None
     finally:
         for m in maps.values():
@@ -356,9 +358,8 @@ def _clone_windows(m: _Mapping, windows, dest: Path, vol: str, early: Early) -> 
     """Each window handed to *early*, then cloned into ``<vol>.delta``; the next window is
     mapped only then (``windows`` is lazy past the first)."""
     done: list[MapWindow] = []
-    dfd = os.open(dest / f"{vol}.delta", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    dfd = os.open(dest / f"{vol}.delta", os.O_RDWR)
     try:
-        os.ftruncate(dfd, m.size)
         early.cloned(vol, 0)
         for w in windows:
             early.window(vol, w)

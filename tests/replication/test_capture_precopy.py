@@ -105,3 +105,44 @@ def test_writes_between_precopy_and_freeze_are_in_the_generation(xfs_mod, monkey
     same_images(a, b, ["v"])
     assert rep.ranges_cloned == len(during) and rep.early is early
     assert rep.bytes_changed == len(during) * BS
+
+
+def test_an_image_written_after_the_frozen_map_goes_again_whole(xfs_mod, monkeypatch):
+    """Nothing to freeze (no mountpoint) and a write after the frozen pass's map: the image
+    is captured whole. With records already sent from its overlay (an early plan), the whole
+    image is cloned over that overlay in one FICLONERANGE, and the plan's second pass covers
+    every range that differs from the base, against what the first pass planned: the replica
+    ends as the image stood at that clone, including a block written back to its base bytes."""
+    need("mkfs.xfs")
+    rnd = random.Random(29)
+    a, b = new_sites(xfs_mod)
+    img = a / "images" / "v.img"
+    base_bytes = rnd.randbytes(SIZE)
+    make_image(img, SIZE, [(0, base_bytes)])
+    peer = LocalPeer(b)
+    link = LinkHints(rate=64 << 10)
+    sync_unit(a, "v", ["v"], peer, link=link)
+
+    blocks = rnd.sample(range(0, SIZE // BS, 2), 30)
+    for blk in blocks:
+        write_at(img, blk * BS, rnd.randbytes(BS))
+    late = rnd.sample(range(1, SIZE // BS, 2), 5)       # written after the frozen pass's map
+    restored = blocks[0]                                # and one changed block back to its base bytes
+    real = capture_mod._recapture_written
+
+    def write_then_check(*args, **kw):
+        for blk in late:
+            write_at(img, blk * BS, rnd.randbytes(BS))
+        write_at(img, restored * BS, base_bytes[restored * BS:(restored + 1) * BS])
+        wait_until(lambda: _tick_after(img), 5, "the filesystem's clock to pass the last write")
+        return real(*args, **kw)
+    monkeypatch.setattr(capture_mod, "_recapture_written", write_then_check)
+
+    rep = sync_unit(a, "v", ["v"], peer, link=link)
+    same_images(a, b, ["v"])
+    assert rep.early and rep.stripes == 1
+    monkeypatch.setattr(capture_mod, "_recapture_written", real)
+    write_at(img, blocks[1] * BS, rnd.randbytes(BS))    # and the next generation starts from that one
+    rep = sync_unit(a, "v", ["v"], peer, link=link)
+    same_images(a, b, ["v"])
+    assert rep.bytes_changed == BS
