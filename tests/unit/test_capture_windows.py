@@ -26,34 +26,27 @@ def _extents(rows):
     return a
 
 
+# (cumulative odds, in the base, in the live image, the live extent's physical shift, its flags)
+KINDS = [(0.15, False, False, 0, 0),                        # a hole in both
+         (0.60, True, True, 0, 0),                          # shared
+         (0.75, True, True, 1 << 30, 0),                    # written since: moved
+         (0.85, True, False, 0, 0),                         # punched since
+         (0.95, False, True, 0, 0),                         # new data where the base had a hole
+         (1.00, False, True, 0, FIEMAP_EXTENT_UNWRITTEN)]   # preallocated, unwritten
+
+
 def _maps(rnd, size, base_size):
     """A base and a live image: the live one shares most extents, moved some, lost some to
     holes and gained new ones where the base had holes."""
     base, new, pos, phys = [], [], 0, 1 << 40
     while pos < max(size, base_size):
         length = rnd.choice([1, 1, 2, 3, 8, 40]) * K
-        kind = rnd.random()
-        in_base, in_new = pos < base_size, pos < size
-        if kind < 0.15:                       # a hole in both
-            pass
-        elif kind < 0.6:                      # shared
-            if in_base:
-                base.append((pos, phys, min(length, base_size - pos), 0))
-            if in_new:
-                new.append((pos, phys, min(length, size - pos), 0))
-        elif kind < 0.75:                     # written since: moved
-            if in_base:
-                base.append((pos, phys, min(length, base_size - pos), 0))
-            if in_new:
-                new.append((pos, phys + (1 << 30), min(length, size - pos), 0))
-        elif kind < 0.85:                     # punched since
-            if in_base:
-                base.append((pos, phys, min(length, base_size - pos), 0))
-        elif kind < 0.95:                     # new data where the base had a hole
-            if in_new:
-                new.append((pos, phys, min(length, size - pos), 0))
-        elif in_new:                          # preallocated, unwritten
-            new.append((pos, phys, min(length, size - pos), FIEMAP_EXTENT_UNWRITTEN))
+        r = rnd.random()
+        _odds, in_base, in_new, shift, flags = next(k for k in KINDS if r < k[0])
+        if in_base and pos < base_size:
+            base.append((pos, phys, min(length, base_size - pos), 0))
+        if in_new and pos < size:
+            new.append((pos, phys + shift, min(length, size - pos), flags))
         pos += length
         phys += length + K * rnd.randrange(0, 3)
     return _extents(base), _extents(new)
