@@ -110,8 +110,8 @@ def prepare(layout: PoolLayout, st: UnitState, members, *, mounts: MountsHeld = 
     head = {"txid": txid, "generation": target, "base_generation": base_generation, "mode": mode,
             "block_size": bs, "captured_at": captured_at}
     follow = None
-    if (pipelined and mode == "delta" and cut is None and not sources and one_channel is not None
-            and members and set(bases) == set(members)):
+    if (pipelined and mode == "delta" and cut is None and not sources and members and set(bases) == set(members)
+            and _may_follow(wire_rate, one_channel)):
         follow = earlyplan.Follow(lambda est, sizes, dest: _early_intent(layout, st, baseline, members, head, est,
                                                                          sizes, dest, wire_rate, one_channel))
     try:
@@ -157,6 +157,13 @@ def _planned(layout: PoolLayout, st: UnitState, tmp: Path, meta: dict, caps: lis
         return prepared
     _plan_all(tmp, meta, caps, baseline)
     return Prepared(tmp, meta)
+
+
+def _may_follow(wire_rate: float, one_channel) -> bool:
+    """Whether a delta's plan may follow its capture on this link at all: a rate is stated and
+    the smallest link-bound delta (PIPELINE_WIRE_S on the wire) goes on one channel (stripes
+    only grow with the bytes). A LAN, or a path that stripes, keeps the ordinary capture."""
+    return wire_rate > 0 and one_channel is not None and one_channel(int(wire_rate * PIPELINE_WIRE_S))
 
 
 def _early_intent(layout: PoolLayout, st: UnitState, baseline: Baseline, members, head: dict, estimate: int,
