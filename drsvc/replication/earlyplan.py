@@ -185,24 +185,14 @@ def plan_early(d: Path, members: list[str], member_base, new_map_of, follow: Fol
                 failpoint("sender.mid_plan")
             follow.wait_cloned(vol, 0, feed)      # its overlay exists
             size = follow.sizes[vol]
-            fd = os.open(d / f"{vol}.delta", os.O_RDONLY)
-            base = member_base(vol)
-            new_map, from_base = new_map_of(base, d / f"{vol}.map", size)
+            fd, base, new_map, from_base = _open_member(d, vol, size, member_base, new_map_of)
             open_.append((fd, base, new_map))
             for w in follow.windows(vol, feed):
                 for reach, part in _windows(w.ms):
                     follow.wait_cloned(vol, reach, feed)
                     scan_member(idx, fd, size, base.map, new_map, from_base, part, bs, pw, stats)
         first_pass = pw.count
-        captured = follow.wait_done()
-        for idx, vol in enumerate(members):
-            cap = captured[vol]
-            if cap.since is None:
-                continue
-            again = cap.scan if cap.since == WHOLE else cap.since
-            fd, _base, new_map = open_[idx]
-            scan_member(idx, fd, follow.sizes[vol], new_map, new_map, True, again, bs, pw, stats)
-            moved.add(idx, again)
+        _second_pass(members, follow, open_, moved, bs, pw, stats)
         for _fd, _base, new_map in open_:
             new_map.fsync()
     finally:
@@ -220,6 +210,36 @@ def plan_early(d: Path, members: list[str], member_base, new_map_of, follow: Fol
         _rewrite_moved(d / "plan.bin", first_pass, [d / f"{vol}.delta" for vol in members], moved)
     return {"records": pw.count, "fiemap": True, "scanned": stats.scanned, "changed": stats.changed,
             "zeroed": stats.zeroed, "plan_s": time.monotonic() - t_plan, "ordered": bool(moved.ranges)}
+
+
+def _open_member(d: Path, vol: str, size: int, member_base, new_map_of) -> tuple:
+    """(overlay fd, base, new block map, whether it starts as the base's) of one member."""
+    fd = os.open(d / f"{vol}.delta", os.O_RDONLY)
+    try:
+        base = member_base(vol)
+        try:
+            return (fd, base, *new_map_of(base, d / f"{vol}.map", size))
+        except BaseException:
+            base.map.close()
+            raise
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _second_pass(members: list[str], follow: Follow, open_: list, moved: Moved, bs: int, pw: PlanWriter,
+                 stats: ScanStats) -> None:
+    """Once the capture ended: each member's ranges that moved after their clone, planned
+    again against what the first pass planned (its new block map), after the first pass."""
+    captured = follow.wait_done()
+    for idx, vol in enumerate(members):
+        cap = captured[vol]
+        if cap.since is None:
+            continue
+        again = cap.scan if cap.since == WHOLE else cap.since
+        fd, _base, new_map = open_[idx]
+        scan_member(idx, fd, follow.sizes[vol], new_map, new_map, True, again, bs, pw, stats)
+        moved.add(idx, again)
 
 
 def _rewrite_moved(plan: Path, first_pass: int, files: list[Path], moved: Moved) -> None:
