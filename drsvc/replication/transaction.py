@@ -333,6 +333,11 @@ class Transaction:
         st = record_generation(self.layout, tx, began=self.began, nbytes=self.nbytes)
         failpoint("receiver.after_state")
         self.committed = True
+        if tx["demote"]:
+            # a Demote's answer lets the unit's lock go (``ApplyConversation``): a Promote here
+            # comes right after it and takes that lock at once, so nothing may follow the answer
+            j.follow_maps()
+            j.discard()
         out.control({"type": "committed", "generation": st.generation, "txid": tx["txid"],
                      "epoch": st.epoch, "cloned_bytes": applied.cloned, "copied_bytes": applied.copied,
                      # the peer's share of the stream phase: making it durable, then applying
@@ -344,8 +349,9 @@ class Transaction:
         # after the answer, before the next request is read (the unit's lock is still held): the
         # block maps (an optimisation: a crash here leaves them unused) and the journal's removal
         # (a crash here leaves a journal that ``recover`` finds applied and recorded: discarded)
-        j.follow_maps()
-        j.discard()
+        if not tx["demote"]:
+            j.follow_maps()
+            j.discard()
         return Journal(self.layout, tx["unit"])
 
     def _keep_received(self) -> None:
