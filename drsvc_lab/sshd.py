@@ -20,6 +20,7 @@ from .procs import children, kill, stop
 SSHD = "/usr/sbin/sshd"
 # bash reads root's ~/.bashrc for sshd-run commands only at shell level 1 (~0.15 s a
 # channel); a production receiver account should simply have /bin/sh as its shell
+TREE = Path(__file__).resolve().parents[1]
 LEAN_SHELL = 'environment="SHLVL=1"'
 CIPHERS = "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,aes128-ctr"
 
@@ -35,6 +36,9 @@ def receiver_command(pool: Path, env: dict | None = None) -> str:
     """The forced command: one exec of the interpreter (sshd runs it through the user's
     shell), with *env* set for the receiver (sshd passes no client environment)."""
     argv = [sys.executable, "-m", "drsvc.replication.receiver", "--pool", str(pool)]
+    # sshd starts the receiver in the account's home with a clean environment: without this, a
+    # lab run from a second checkout would run the installed checkout's receiver
+    env = {"PYTHONPATH": str(TREE), **(env or {})}
     if env:
         argv = ["env", *(f"{k}={v}" for k, v in env.items()), *argv]
     return "exec " + shlex.join(argv)
