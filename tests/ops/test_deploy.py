@@ -3,9 +3,10 @@ Kubernetes schemas, and the rendered manifests keep their promises.
 
 The RBAC each sidecar needs is read from the sidecars' own RBAC files upstream (at the
 versions deploy/base/kustomization.yaml pins):
-- csi-provisioner v5: kubernetes-csi/external-provisioner deploy/kubernetes/rbac.yaml
+- csi-provisioner v5/v6: kubernetes-csi/external-provisioner deploy/kubernetes/rbac.yaml
   (v5 lists csinodes and volumeattachments where v1 listed csinodeinfos, and leases where v1
-  used endpoints for leader election);
+  used endpoints for leader election; `update` on volumesnapshots for the finalizer that
+  protects a restore's source snapshot, pkg/controller/controller.go);
 - csi-snapshotter v8: kubernetes-csi/external-snapshotter
   deploy/kubernetes/csi-snapshotter/rbac-csi-snapshotter.yaml, group snapshots included
   (groupsnapshot.storage.k8s.io volumegroupsnapshotclasses, volumegroupsnapshotcontents and
@@ -45,7 +46,7 @@ NEEDS = {
                         ("", "persistentvolumeclaims", {"get", "list", "watch", "update"}),
                         ("storage.k8s.io", "storageclasses", {"get", "list", "watch"}),
                         ("", "events", {"list", "watch", "create", "update", "patch"}),
-                        ("snapshot.storage.k8s.io", "volumesnapshots", {"get", "list"}),
+                        ("snapshot.storage.k8s.io", "volumesnapshots", {"get", "list", "update"}),
                         ("snapshot.storage.k8s.io", "volumesnapshotcontents", {"get", "list"}),
                         ("storage.k8s.io", "csinodes", {"get", "list", "watch"}),
                         ("", "nodes", {"get", "list", "watch"}),
@@ -277,3 +278,36 @@ def test_components_change_what_they_say(renders):
     node = next(o for o in m if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
     assert {"worker", "control", "api", "scheduler", "metrics"} <= {c["name"] for c in node["containers"]}
     assert site_config(m)["nodes"]
+
+
+# the prefixed class parameters the csi-addons controller reads its secret from
+# (kubernetes-csi-addons internal/controller/replication.storage/parameters.go)
+CLASS_SECRET_KEYS = {
+    "VolumeReplicationClass": "replication.storage.openshift.io/replication-secret-",
+    "VolumeGroupReplicationClass": "replication.storage.openshift.io/group-replication-secret-",
+}
+
+
+def test_replication_classes_name_a_secret_in_the_render(renders):
+    """The csi-addons sidecar gets the class's Secret before every call, unconditionally
+    (kubernetes-csi-addons sidecar/internal/service/replication.go: every ReplicationServer
+    method calls kube.GetSecret with the request's secret name and namespace and answers
+    Internal when it fails), so a class without the secret lines fails every call before drsvc is asked:
+    each replication class names a Secret that each overlay renders."""
+    for name, objs in renders.items():
+        secrets = {(o["metadata"].get("namespace"), o["metadata"]["name"]) for o in objs if o["kind"] == "Secret"}
+        classes = [o for o in objs if o["kind"] in CLASS_SECRET_KEYS]
+        assert {o["kind"] for o in classes} == set(CLASS_SECRET_KEYS), name
+        for o in classes:
+            params, prefix = o["spec"]["parameters"], CLASS_SECRET_KEYS[o["kind"]]
+            ref = (params.get(prefix + "namespace"), params.get(prefix + "name"))
+            assert all(ref), f"{name}: {o['kind']} {o['metadata']['name']} names no secret"
+            assert ref in secrets, f"{name}: {o['kind']} {o['metadata']['name']} names {ref}, not in the render"
+
+
+def test_group_snapshot_class_uses_the_served_v1_api(renders):
+    """Kubernetes 1.36 with external-snapshotter v8.6 serves groupsnapshot.storage.k8s.io/v1
+    and reports v1beta1 as deprecated (client/config/crd of external-snapshotter)."""
+    for name, objs in renders.items():
+        versions = {o["apiVersion"] for o in objs if o["kind"].startswith("VolumeGroupSnapshot")}
+        assert versions == {"groupsnapshot.storage.k8s.io/v1"}, f"{name}: {versions}"
