@@ -17,7 +17,13 @@ from .errors import code_for, rpc
 from .gen import (identity_pb2, identity_pb2_grpc, replication_pb2, replication_pb2_grpc,
                   volumegroup_pb2, volumegroup_pb2_grpc)
 
+log = logging.getLogger(__name__)
 Cap = identity_pb2.Capability
+# what a user finds in the plugin's log when a VolumeReplication gets no status: the csi-addons
+# manager only says the driver "does not support VolumeReplication"
+NO_REPLICATION = ("replication is off: the plugin was started without a site config (--config or "
+                  "DRSVC_CONFIG), so it does not offer VolumeReplication to the csi-addons controller; "
+                  "a VolumeReplication or VolumeGroupReplication for this driver gets no status")
 VG = Cap.VolumeGroup
 # Only what works: no DO_NOT_ALLOW_VG_TO_DELETE_VOLUMES (deleting a group deletes its volumes).
 GROUP_CAPS = [VG.VOLUME_GROUP, VG.LIMIT_VOLUME_TO_ONE_VOLUME_GROUP, VG.MODIFY_VOLUME_GROUP,
@@ -30,6 +36,7 @@ class AddonsIdentity(identity_pb2_grpc.IdentityServicer):
     def __init__(self, ctl: Controller, replication_enabled: bool):
         self.ctl = ctl
         self.replication_enabled = replication_enabled
+        self.said_why = False             # once a process: the sidecar asks again on each reconnect
 
     @rpc
     def GetIdentity(self, req, context):
@@ -39,6 +46,9 @@ class AddonsIdentity(identity_pb2_grpc.IdentityServicer):
     @rpc
     def GetCapabilities(self, req, context):
         caps = [Cap(service=Cap.Service(type=Cap.Service.CONTROLLER_SERVICE))]
+        if not self.replication_enabled and not self.said_why:
+            self.said_why = True
+            log.warning("asked for its CSI-Addons capabilities: %s", NO_REPLICATION)
         if self.replication_enabled:
             caps.append(Cap(volume_replication=Cap.VolumeReplication(
                 type=Cap.VolumeReplication.VOLUME_REPLICATION)))

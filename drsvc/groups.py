@@ -165,6 +165,10 @@ class GroupService:
         with self.pool.lock(group_id):
             g = self.get(group_id)
             if self.replica_of is not None and self.replica_of(group_id):
+                # the csi-addons controller resends the same list on every reconcile: that
+                # asks for nothing, so it is answered; only a change is the primary's to make
+                if set(wanted) == set(g.volume_ids):
+                    return g
                 raise GroupIsReplica(group_id=group_id)
             limit = _max_volumes(params) if "maxVolumes" in params else g.max_volumes
             if len(wanted) > limit:

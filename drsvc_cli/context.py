@@ -43,6 +43,24 @@ def endpoint(args) -> str:
     raise UsageError("give --config or --endpoint (or set DRSVC_CONFIG / CSI_ENDPOINT)")
 
 
+def secrets(args) -> dict:
+    """The secrets every call carries: the site's RPC token when its config names a
+    secrets_file (the plugin then refuses a call without it). An unreadable token file is a
+    usage error that names it; the token itself is never printed."""
+    path = config_path(args)
+    if not path or getattr(args, "endpoint", None):
+        return {}
+    cfg = load_config(path)
+    if cfg.secrets_file is None:
+        return {}
+    try:
+        token = Path(cfg.secrets_file).read_text().strip()
+    except OSError as e:
+        raise UsageError(f"config file {path}: its secrets_file {cfg.secrets_file} cannot be read "
+                         f"({e.strerror or type(e).__name__}); the plugin refuses calls without its token") from None
+    return {"token": token} if token else {}
+
+
 def _site_hint(args) -> str:
     path = config_path(args)
     return f"drsvc site status --config {path}" if path else "drsvc site status --config SITE.toml"
@@ -65,7 +83,7 @@ def client(args):
     if sock is not None and not sock.exists():
         raise Unreachable(f"the plugin at {sock} is unreachable (no such socket); is the site up? "
                           f"see `{_site_hint(args)}`")
-    c = DrClient(ep, timeout=args.timeout)
+    c = DrClient(ep, timeout=args.timeout, secrets=secrets(args))
     try:
         grpc.channel_ready_future(c.channel).result(timeout=wait)
     except grpc.FutureTimeoutError:
@@ -77,6 +95,12 @@ def client(args):
 
 def unavailable_hint(args) -> str:
     return f"; is the site up? see `{_site_hint(args)}`"
+
+
+def unauthenticated_hint(args) -> str:
+    if config_path(args) and not getattr(args, "endpoint", None):
+        return ""
+    return "; give --config of the site (its secrets_file holds the token the plugin asks for)"
 
 
 def check_unit_args(args) -> None:

@@ -67,7 +67,7 @@ def _run(args, out: Output, command: str) -> int:
     from drsvc.errors import DrsvcError
 
     from .client import RpcFailed
-    from .context import check_unit_args, unavailable_hint
+    from .context import check_unit_args, unauthenticated_hint, unavailable_hint
     try:
         if getattr(args, "needs_unit", False):
             check_unit_args(args)           # before the config is read: the usage error first
@@ -75,7 +75,8 @@ def _run(args, out: Output, command: str) -> int:
     except CliError as e:
         return out.error(command, e.code, e.message, e.exit_code)
     except RpcFailed as e:
-        hint = unavailable_hint(args) if e.code == grpc.StatusCode.UNAVAILABLE else ""
+        hint = {grpc.StatusCode.UNAVAILABLE: unavailable_hint,
+                grpc.StatusCode.UNAUTHENTICATED: unauthenticated_hint}.get(e.code, lambda _a: "")(args)
         return out.error(command, e.code.name, e.message + hint, _EXIT_BY_CODE.get(e.code, EXIT_FAIL))
     except Exception as e:  # noqa: BLE001 - a runbook gets a message and a code, not a traceback
         msg = e.message if isinstance(e, DrsvcError) else f"{type(e).__name__}: {e}"

@@ -293,8 +293,12 @@ class ReplicationJobs:
         ReplicaMaps(PoolLayout(self.pool), unit_id).discard()    # this site no longer receives
         with control_lock(self.pool, unit_id):
             c.enabled_at = time.time()
+            # the last sync this site reports is one of this term: the demote's final sync, which
+            # left both copies equal, or none (NOT_FOUND until the first) — a record kept from an
+            # earlier term here is older than what the peer shipped since
+            c.last_sync_time, c.last_sync_duration, c.last_sync_bytes = final or (0.0, 0.0, 0)
+            c.last_sync_delay = 0.0
             if final is not None:
-                c.last_sync_time, c.last_sync_duration, c.last_sync_bytes = final
                 c.enabled_at = final[0]
             c.conflict, c.consecutive_failures = "", 0
             save_control(self.pool, c)

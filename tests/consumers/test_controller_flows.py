@@ -114,7 +114,15 @@ def test_vgr_create_enable_modify(lab):
         volume_group_id=gid, volume_ids=vols, parameters=GROUP_CLASS), timeout=60).volume_group
     assert sorted(v.volume_id for v in m.volumes) == sorted(vols)
     wait_synced_after(lab, gid, vols)
-    # at the secondary the replica group's members follow the primary: refused
+    # at the secondary the VolumeGroupReplicationContent controller resends the unchanged member
+    # list on every reconcile (kubernetes-csi-addons
+    # internal/controller/replication.storage/volumegroupreplicationcontent_controller.go): OK,
+    # in any order, and nothing changes
+    for order in (vols, vols[::-1]):
+        same = B.groups.ModifyVolumeGroupMembership(volumegroup_pb2.ModifyVolumeGroupMembershipRequest(
+            volume_group_id=gid, volume_ids=order, parameters=GROUP_CLASS), timeout=60).volume_group
+        assert sorted(v.volume_id for v in same.volumes) == sorted(vols)
+    # a change there is the primary's to make: refused
     code, _ = status_of(lambda: B.groups.ModifyVolumeGroupMembership(
         volumegroup_pb2.ModifyVolumeGroupMembershipRequest(volume_group_id=gid, volume_ids=vols[:1],
                                                            parameters=GROUP_CLASS), timeout=60))

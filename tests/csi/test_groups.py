@@ -110,6 +110,12 @@ def test_addons_identity_advertises_only_what_works(plugin):
         replication_pb2_grpc.ControllerStub(plugin.channel).EnableVolumeReplication(
             replication_pb2.EnableVolumeReplicationRequest(volume_id="vol-x"))
     assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    # the csi-addons manager then reports only that the driver "does not support VolumeReplication"
+    # (kubernetes-csi-addons internal/controller/replication.storage/volumereplication_controller.go):
+    # the plugin's own log says why, where `kubectl logs` shows it
+    log = plugin.log_path.read_text(errors="replace")
+    assert "asked for its CSI-Addons capabilities: replication is off" in log
+    assert "started without a site config (--config or DRSVC_CONFIG)" in log
 
 
 # The parameters kubernetes-csi-addons' VolumeGroupReplicationContent controller passes to

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import grpc
 
@@ -148,6 +149,52 @@ def test_forced_failover_split_brain_and_resync(lab):
     compare = [r for r in find_state(sb.pool, vol).reports if r["mode"] == "compare"]
     assert compare and compare[-1]["bytes_changed"] < 4 << 20     # only divergent blocks, not 64 MiB
     assert rep["target_generation"] >= compare[-1]["target_generation"]
+
+
+def _synced_at(client, vol) -> float:
+    return client.call("GetVolumeReplicationInfo", volume_id=vol).last_sync_time.ToNanoseconds() / 1e9
+
+
+def test_info_after_a_forced_promote_waits_for_this_terms_first_sync(lab):
+    """A site that was primary before keeps the last sync of that term in its records. After a
+    forced promote, GetVolumeReplicationInfo must not answer with it: the csi-addons controller
+    copies the answer into the VolumeReplication's status.lastSyncTime
+    (kubernetes-csi-addons internal/controller/replication.storage/volumereplication_controller.go,
+    getVolumeReplicationInfo), and a time older than what the peer shipped since overstates how
+    much this site lost. NOT_FOUND, the seed's answer before a first sync, until there is one."""
+    A, B = lab.clients["a"], lab.clients["b"]
+    sa, sb = lab.sites["a"], lab.sites["b"]
+    vol = A.create_volume("stale", 32 << 20).volume_id
+    write_random(sa, vol, count=4, seed=31)
+    A.retry("EnableVolumeReplication", volume_id=vol, parameters=INTERVAL, sidecar=True)
+    wait_synced_after(lab, vol, [vol])
+    # a term as primary at b, then back to a
+    A.retry("DemoteVolume", volume_id=vol)
+    B.retry("PromoteVolume", volume_id=vol)
+    write_random(sb, vol, count=2, seed=32)
+    wait_synced_after(lab, vol, [vol], src="b", dst="a")
+    b_term = _synced_at(B, vol)
+    B.retry("DemoteVolume", volume_id=vol)
+    A.retry("PromoteVolume", volume_id=vol)
+    write_random(sa, vol, count=2, seed=33)
+    wait_synced_after(lab, vol, [vol])
+    assert _synced_at(A, vol) > b_term
+
+    # site a is lost; b takes over with force
+    lab.stop_sshd("a")
+    sa.run.stop("worker")
+    B.retry("PromoteVolume", volume_id=vol, force=True, sidecar=True)
+    promoted_at = time.time()
+    assert code_of(lambda: B.call("GetVolumeReplicationInfo", volume_id=vol)) == grpc.StatusCode.NOT_FOUND
+
+    # a returns, is demoted and resynced; b's first sync of its term is what Info then answers
+    sa.run.start("worker")
+    lab.start_sshd("a")
+    A.retry("DemoteVolume", volume_id=vol)
+    wait_for(lambda: A.retry("ResyncVolume", volume_id=vol, force=True).ready, 90, what="resync to finish")
+    wait_for(lambda: code_of(lambda: B.call("GetVolumeReplicationInfo", volume_id=vol)) == grpc.StatusCode.OK,
+             60, what="b's first sync after the forced promote")
+    assert _synced_at(B, vol) >= promoted_at - 1
 
 
 def test_concurrent_promote_and_demote_one_aborted(lab):
