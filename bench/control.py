@@ -1,4 +1,4 @@
-"""Control latency while many units sync: `python -m bench.control --json` (issue 13).
+"""Control latency while many units sync: `python -m bench.control --json`.
 
 A two-site lab (drsvc_lab: loop-mounted XFS pools, redis-server, sshd with the forced
 receiver and pinned host keys), each site with its plugin, data worker (concurrency 2),
@@ -30,7 +30,7 @@ from pathlib import Path
 from drsvc.errors import OperationInProgress
 from drsvc.model import MOUNT, Capability
 from drsvc.replication.control import find_control
-from drsvc.replication.state import find_state
+from drsvc.replication.common import find_state
 from drsvc.site import Site
 from drsvc_lab import Lab
 from workers.app import make_app
@@ -72,7 +72,7 @@ def _delays(pool, vids) -> list[float]:
 
 
 class OneQueue(CeleryDispatcher):
-    """The contrast: every operation on the data queue, as before the control queue."""
+    """The contrast: every operation on the data queue, with no control queue."""
     def queue(self, op: str) -> str:
         return self.cfg.queue
 

@@ -9,7 +9,7 @@ of a volume holding 1 GiB of random data at 1 GiB and at 10 GiB volume size.
 The peer figure is `cp --reflink=never --sparse=always` of the same 1 GiB
 image: what a snapshot would cost without reflink. Needs root.
 
-CreateVolume/DeleteVolume peer (issue 13): with ``--hostpath BINARY`` the
+CreateVolume/DeleteVolume peer: with ``--hostpath BINARY`` the
 Kubernetes CSI hostpath driver is started beside the plugin (its state dir on
 the same XFS), and both get the same requests over their unix sockets in the
 same run, interleaved (the order alternates every pair), each after the same

@@ -1,4 +1,4 @@
-"""Case `dbpages`: database-like pages that compress about 2:1 (issue 20: zstd where it pays).
+"""Case `dbpages`: database-like pages that compress about 2:1 (zstd where it pays).
 
 An image of --db-mib MiB of 8 KiB pages, each half random (row data that does not
 compress) and half structure: a header, a slot array and row descriptors that carry

@@ -79,7 +79,7 @@ def routed(spec, lab):
 
 
 def _wait_synced(pool: Path, vids, timeout: float) -> None:
-    from drsvc.replication.state import find_state
+    from drsvc.replication.common import find_state
     deadline = time.monotonic() + timeout
     while not all((st := find_state(pool, v)) is not None and st.generation >= 1 for v in vids):
         if time.monotonic() > deadline:
@@ -88,7 +88,7 @@ def _wait_synced(pool: Path, vids, timeout: float) -> None:
 
 
 def _failovers(args, rnd, lab, A: Calls, B: Calls, res: CaseResult) -> None:
-    from drsvc.replication.state import find_state
+    from drsvc.replication.common import find_state
     sa, sb = lab.sites["a"], lab.sites["b"]
     size = args.failover_volume_mib * MiB
     vids = [A.create_block(f"failover-{i}", size) for i in range(args.repeat)]

@@ -6,9 +6,9 @@
     python -m bench.goals cold.json [warm.json] [wan.json]
     python -m bench.goals --summary wan-50ms.json wan-100ms.json wan-200ms.json
 
-A run over a link (its JSON has "link") is judged by issue 20's goals, each against
+A run over a link (its JSON has "link") is judged by the WAN goals, each against
 its floor over the link (wire bytes / rate + 1 RTT, bench/wan.py); a run without,
-by issue 9's. Freeze and peak RSS are judged in both. Each goal is (name, measured
+by the LAN goals. Freeze and peak RSS are judged in both. Each goal is (name, measured
 text, met?); a goal whose case was not run is left out.
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ def judge(doc: dict) -> list[tuple[str, str, bool]]:
 
 
 def judge_wan(cases: dict, link: dict) -> list[tuple[str, str, bool]]:
-    """Issue 20: bulk data at >= 85% of the link rate; 1% within 1.2 x its floor; an idle
+    """The WAN goals: bulk data at >= 85% of the link rate; 1% within 1.2 x its floor; an idle
     sync within floor + 1 RTT; a planned failover within floor + 2 RTT; the compressible
     pages below their uncompressed floor."""
     out = []
@@ -73,7 +73,7 @@ def judge_wan(cases: dict, link: dict) -> list[tuple[str, str, bool]]:
 
 
 def judge_lan(cases: dict, cold: bool) -> list[tuple[str, str, bool]]:
-    """Issue 9's goals on a LAN (no --link)."""
+    """The LAN goals (no --link)."""
     out = []
 
     def near_floor(name):

@@ -1,4 +1,4 @@
-"""A WAN link emulator: a userspace TCP relay that delays and paces (issue 20).
+"""A WAN link emulator: a userspace TCP relay that delays and paces.
 
     python -m bench.link --listen 127.0.0.1:0 --to 127.0.0.1:2222 --rtt 100ms --rate 1gbit
                          [--queue 16MiB] [--listen H:P --to H:P ...] [--back H:P=H:P ...]

@@ -77,7 +77,7 @@ class OneWorker:
 
 def _sync_all(app, dispatcher, vids, pool, timeout: float) -> dict:
     """Queue one drsvc.sync per volume at once; wait for every result."""
-    from drsvc.replication.state import find_state
+    from drsvc.replication.common import find_state
     t = time.monotonic()
     ids = [dispatcher.submit("sync", vid, {"trigger": "bench"}) for vid in vids]
     results = [app.AsyncResult(i).get(timeout=timeout, disable_sync_subtasks=False) for i in ids]
@@ -115,7 +115,7 @@ class ManyLab:
         """--many-count volumes at a: one of random data, the others reflink clones of it;
         each enabled for replication through the request side; waits for the initial syncs."""
         from drsvc.model import BLOCK, Capability, ContentSource
-        from drsvc.replication.state import find_state
+        from drsvc.replication.common import find_state
         from drsvc.site import Site
         from workers.app import make_app
         from workers.client import CeleryDispatcher
@@ -177,7 +177,7 @@ def measure_many(m: ManyLab, res: CaseResult, cold) -> None:
 
 def measure_idle(m: ManyLab, idle: CaseResult) -> None:
     """idle_celery: a few KiB changed, one sync at a time, in the warm worker."""
-    from drsvc.replication.state import find_state
+    from drsvc.replication.common import find_state
     vid = m.vids[0]
     blocks = max(1, m.args.idle_kib // 4)
     jobs_s = []

@@ -1,4 +1,4 @@
-"""Recovery points under load (issue 21): `python -m bench.points [--json]`.
+"""Recovery points under load: `python -m bench.points [--json]`.
 
 Two volumes of --size-mib MiB on a loop XFS at site a, replicated over a loopback sshd
 (the forced receiver) into a second loop XFS: unit R keeps points by --grid, unit N by
@@ -21,7 +21,7 @@ It reports:
 * listing at --list-points points (goal < 1 s), and the pruning cost per sync at that
   many (goal <= 20 ms): a small volume synced that many times with a keep-all grid, then
   synced with a grid that drops one point a sync;
-* promote to a point (drsvc.replication.pointrestore.take_over: seal the newest point,
+* promote to a point (drsvc.replication.points.restore.take_over: seal the newest point,
   build the chosen one's images, rename them in) for volumes of --promote-mib MiB: to the
   point before a sync that changed --promote-fixed-mib, then one and three syncs of
   --change further back, with the bytes changed since each. Before the restores comes what
@@ -46,7 +46,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from drsvc.replication.layout import PoolLayout
+from drsvc.layout import PoolLayout
 
 from .harness import MiB, rewrite_blocks, write_random
 from .site import loop_mounted_xfs, sshd_site
@@ -176,8 +176,8 @@ def run_promote(pair: Pair, args, rnd) -> dict:
     whatever the size), then one and three syncs of --change further back. Each restore
     chains from the newest point's image, sealed by the first."""
     from drsvc.host.reflink import clone_file
-    from drsvc.replication.pointrestore import take_over
-    from drsvc.replication.takeover import seed_base
+    from drsvc.replication.points import take_over
+    from drsvc.replication.control import seed_base
 
     from .harness import same_content
     out = {}
@@ -195,7 +195,7 @@ def run_promote(pair: Pair, args, rnd) -> dict:
                                   count=args.promote_fixed_mib * MiB // 4096 if last else None)
             changed.append(len(offs) * 4096)
             gens.append(pair.sync(unit, "1x1000w(keep=all)")["report"]["target_generation"])
-        read_s = _unit_free(lambda unit=unit: _seed_read(pair.b, unit))      # before: no base yet
+        read_s = _unit_free(lambda unit=unit: _seed_read(pair.b, unit))      # first: no base yet
         seeded = {}
         seed_s = _unit_free(lambda unit=unit, seeded=seeded: seeded.update(source=seed_base(pair.b, unit)))
         for back in (1, 2, 4):
@@ -225,8 +225,8 @@ def _seed_read(pool: Path, unit: str) -> float:
     import shutil
     import uuid
 
-    from drsvc.replication.prepare import prepare
-    from drsvc.replication.state import get_state
+    from drsvc.replication.sender import prepare_generation as prepare
+    from drsvc.replication.common import get_state
     layout, st = PoolLayout(pool), get_state(pool, unit)
     t = time.monotonic()
     prepared = prepare(layout, st, list(st.members), bs=st.block_size, txid=uuid.uuid4().hex,
@@ -238,19 +238,12 @@ def _seed_read(pool: Path, unit: str) -> float:
 
 
 def _ranges_to_lay(pool: Path, unit: str, target: int) -> int:
-    """The ranges a restore to *target* lays (as ``points.build_image`` picks them)."""
-    from drsvc.replication import pointdata
-    from drsvc.replication.points import Index, chain
+    """The ranges a restore to *target* lays (as ``index.build_image`` picks them)."""
+    from drsvc.replication.points import Index, chain, layers
     layout = PoolLayout(pool)
     idx = Index.find(layout, unit)
     _, overlays = chain(layout, idx, idx.get(target), unit)
-    laid, n = pointdata.empty(), 0
-    for _log, m in overlays:
-        want = pointdata.minus(pointdata.covered(m), laid)
-        if len(want[0]):
-            n += len(pointdata.clip(m, want))
-            laid = pointdata.union(laid, want)
-    return n
+    return sum(len(m) for _log, m in layers(overlays))
 
 
 def _lay_floor(pool: Path, unit: str, n: int, rnd) -> float:

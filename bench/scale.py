@@ -1,4 +1,4 @@
-"""A replicated pair of multi-node sites at scale: `python -m bench.scale --json` (issue 13).
+"""A replicated pair of multi-node sites at scale: `python -m bench.scale --json`.
 
     python -m bench.scale [--volumes 600] [--mib 64] [--interval 60] [--warmup 90]
                           [--duration 300] [--growth 150,300,600] [--faults] [--json]
@@ -14,7 +14,7 @@ enabled (EnableVolumeReplication, schedulingInterval --interval). A writer then 
 After --warmup seconds, a window of --duration seconds is measured:
 - scheduling drift (a scheduled sync's start minus the slot it was due at), p50/p99, from
   the data workers' task results (scheduling_delay_s) over the window;
-- lag (drsvc.replication.status describe: seconds since the last successful sync ended),
+- lag (drsvc.replication.control.read_model describe: seconds since the last successful sync ended),
   sampled over all units every few seconds: p50/p99/max, and how many units stayed HEALTHY
   with lag <= 1.5x the interval in every sample;
 - syncs per second (sync reports at site a that started in the window), time per sync
@@ -275,11 +275,11 @@ class Scale:
 
     # -- reading the units' state ------------------------------------------------------
     def describe(self, vid: str, site: str = "a"):
-        from drsvc.replication.status import ReplicationStatus
+        from drsvc.replication.control import ReplicationStatus
         return ReplicationStatus(site, self.lab.pool(self.vols[vid], site), None, None).describe(vid)
 
     def reports(self, vid: str) -> list[dict]:
-        from drsvc.replication.state import find_state
+        from drsvc.replication.common import find_state
         st = find_state(self.lab.pool(self.vols[vid], "a"), vid)
         return list(st.reports) if st else []
 

@@ -7,7 +7,7 @@ random data through a published block volume, snapshots it (base), rewrites
 1% (then 10%) of it in scattered 64 KiB writes, snapshots again (target) and
 times a full GetMetadataDelta stream (VARIABLE_LENGTH) over the plugin socket.
 The peer figure hashes both images block by block (4 KiB, the replication
-engine's digests: drsvc.replication.blockmap.hash_image) and compares the
+engine's digests: drsvc.replication.common.blockmap.hash_image) and compares the
 digests: what a tool without FIEMAP on reflink snapshots has to do. Both read
 warm page caches after the first run; medians of --repeat runs. Needs root.
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from bench.csi_ops import GiB, MiB, Bench, block_cap, ms, timed
 from csi_plugin.gen import csi_pb2, csi_pb2_grpc
-from drsvc.replication.blockmap import DIGEST, hash_image
+from drsvc.replication.common import DIGEST, hash_image
 
 BS = 4096
 WRITE = 64 * 1024

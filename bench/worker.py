@@ -3,7 +3,7 @@
     python -m bench.worker --socket PATH --port N --key K --known-hosts F
 
 It keeps what a Celery worker process keeps between tasks (the imported engine,
-the cached SSH connections and warm receivers, warmed at start by ``remote.warm`` as
+the cached SSH connections and warm receivers, warmed at start by ``receiver_client.warm`` as
 ``workers.main.keep_peers_warm`` does), so a sync's wall time is what a worker
 spends on it. Requests and replies are JSON lines on a unix socket:
 {"pool", "unit", "members"?} -> {"wall_s", "report", "rss"} or {"error"}.
@@ -32,13 +32,13 @@ REPO = Path(__file__).resolve().parents[1]       # `-m bench.worker` wherever th
 def serve(args) -> None:
     from drsvc.replication import sync_unit
     from drsvc.transport.ssh import SshPeer
-    from drsvc.replication import remote
+    from drsvc.replication.sender import warm
     from drsvc.transport import LinkHints
     peer = SshPeer("127.0.0.1", port=args.port, key_file=args.key, known_hosts=args.known_hosts)
     if args.link_rate:
         peer.link = LinkHints(rate=args.link_rate)       # the [peers.X] link_rate an operator sets
     t = time.monotonic()
-    warmed = remote.warm(peer)["warm"]      # as workers.main.keep_peers_warm does at start
+    warmed = warm(peer)["warm"]      # as workers.main.keep_peers_warm does at start
     warm = {"s": round(time.monotonic() - t, 3), "receivers": {str(k): v for k, v in warmed.items()},
             "rtt_s": peer.rtt()}
     srv = socket.socket(socket.AF_UNIX)
@@ -136,7 +136,7 @@ if __name__ == "__main__":
 
 @contextlib.contextmanager
 def case_worker(ctx, res):
-    """A fresh warm worker for one case: warm as a production worker is (``remote.warm`` at
+    """A fresh warm worker for one case: warm as a production worker is (``receiver_client.warm`` at
     its start: every connection logged in, a receiver greeted for the master and each
     stripe), then a sync of the warm-up unit (untimed); the peak RSS of the worker and of
     the receivers serving it go to *res*."""

@@ -160,7 +160,7 @@ def source_of(req) -> tuple[str, str]:
 
 class ReplicationController(replication_pb2_grpc.ControllerServicer):
     """*api* answers by (kind, id) (drsvc.controller_api.ReplicationControl):
-    drsvc.replication.api.ReplicationAPI over a pool, or drsvc.cluster.ClusterReplication
+    drsvc.replication.control.api.ReplicationAPI over a pool, or drsvc.cluster.ClusterReplication
     on a multi-node site's controller. *check_secrets* is the site config's."""
 
     def __init__(self, api: ReplicationControl, check_secrets):

@@ -4,7 +4,8 @@ from __future__ import annotations
 import time
 
 from drsvc.errors import MissingField
-from drsvc.replication import health
+from drsvc.replication.control import next_sync
+from drsvc.replication.sender import progress_of
 
 from . import convert
 from .errors import rpc
@@ -25,10 +26,10 @@ def status_message(info, unit_id: str, kind: str, members, pool=None) -> admin_p
 
 
 def live_status(pool, unit_id: str, info=None) -> dict:
-    """The next scheduled sync and a running sync's progress (drsvc/replication/health.py)."""
-    out = {"next_sync_time": health.next_sync(pool, unit_id, interval=info.interval if info else 0,
+    """The next scheduled sync and a running sync's progress (drsvc.replication.control.health, drsvc.replication.sender.progress)."""
+    out = {"next_sync_time": next_sync(pool, unit_id, interval=info.interval if info else 0,
                                               last_sync=info.last_sync_time if info else 0.0)}
-    if (p := health.progress_of(pool, unit_id)) is not None:
+    if (p := progress_of(pool, unit_id)) is not None:
         out.update(progress_bytes_sent=p["bytes_sent"], progress_bytes_planned=p["bytes_planned"],
                    progress_rate=p["rate_bps"])
     return out
@@ -37,8 +38,8 @@ def live_status(pool, unit_id: str, info=None) -> dict:
 class Admin(admin_pb2_grpc.AdminServicer):
     def __init__(self, site, requests, status):
         self.site = site
-        self.requests = requests      # drsvc.replication.requests
-        self.status = status          # drsvc.replication.status
+        self.requests = requests      # drsvc.replication.control.requests
+        self.status = status          # drsvc.replication.control.read_model
 
     def _unit(self, unit):
         if unit.volume_group_id:

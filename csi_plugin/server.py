@@ -17,7 +17,7 @@ from grpc_reflection.v1alpha import reflection
 
 from drsvc.cluster import ClusterController, ClusterReplication
 from drsvc.controller import PoolController
-from drsvc.replication.api import ReplicationAPI
+from drsvc.replication.control import ReplicationAPI
 from drsvc.signals import wait_for_stop
 from drsvc.site import Site
 

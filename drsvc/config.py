@@ -69,7 +69,7 @@ from .retention import check_grid
 # operations that move data (the data queue); every other operation is control
 DATA_OPS = frozenset({"sync"})
 
-# The keys each transport needs in its [peers.<name>] table (drsvc.replication.peers builds it).
+# The keys each transport needs in its [peers.<name>] table (drsvc.replication.control.peers builds it).
 TRANSPORT_KEYS = {"ssh": ("host", "known_hosts", "key"), "local": ("pool",)}
 
 

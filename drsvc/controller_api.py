@@ -24,7 +24,7 @@ from typing import Protocol
 
 from .groups import Group
 from .model import Capability, ContentSource, Page, Snapshot, Volume
-from .replication.status import Info
+from .replication.control import Info
 from .snapshots import GroupSnapshot
 
 
@@ -119,7 +119,7 @@ class Controller(Protocol):
 
 class ReplicationControl(Protocol):
     """The CSI-Addons Replication RPCs by (kind, id), kind "volume" or "group":
-    drsvc.replication.api.ReplicationAPI over a pool, drsvc.cluster.ClusterReplication
+    drsvc.replication.control.api.ReplicationAPI over a pool, drsvc.cluster.ClusterReplication
     across the nodes of a site."""
 
     def enable(self, kind: str, ident: str, params: dict) -> None: ...

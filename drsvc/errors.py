@@ -323,7 +323,7 @@ class WorkerFailed(InternalError):
     template = "{op} of {unit_id} failed in the worker: {reason}"
 
 
-# -- CSI snapshots, group snapshots, volume modification (issue 12) -----------
+# -- CSI snapshots, group snapshots, volume modification -----------------------
 class GroupSnapshotNotFound(NotFound):
     template = "volume group snapshot {group_snapshot_id!r} does not exist"
 
@@ -366,7 +366,7 @@ class MaxResultsNegative(InvalidInput):
     template = "max_results must not be negative, got {value}"
 
 
-# -- sites of several storage nodes (issue 13) ----------------------------------
+# -- sites of several storage nodes -----------------------------------------------
 class NodeNotFound(NotFound):
     template = "site {site} has no storage node named {node!r} (nodes: {names})"
 
@@ -388,7 +388,7 @@ class GroupSpansNodes(InvalidInput):
                 "{reason}")
 
 
-# -- recovery points (issue 21) --------------------------------------------------
+# -- recovery points ---------------------------------------------------------------
 class RetentionGridInvalid(InvalidInput):
     template = "retention grid part {part!r} {reason}"
 

@@ -15,7 +15,7 @@ name, so no path escapes the pool::
     group_snapshots/<id>.json                   volume group snapshots (members live in snapshots/)
     locks/<key>.lock                            flock files (per volume, per name)
     locks/<volume_id>.mount.lock                held shared by captures of its mounted filesystem
-    replication/<unit_id>/state.json            UnitState (drsvc.replication.state)
+    replication/<unit_id>/state.json            UnitState (drsvc.replication.common.unit_state)
     replication/<unit_id>/control.json          this site's settings and outcomes (replication.control)
     replication/<unit_id>/snap/<gen>/           sender: reflink snapshots + block maps
     replication/<unit_id>/journal/              receiver: the open transaction
@@ -176,10 +176,10 @@ class PoolLayout:
         return self.journal_staging_dir(unit_id) / f"{check_id(volume_id, 'volume_id')}.img"
 
     def journal_digests(self, unit_id: str) -> Path:
-        """The block digests of the journal's data records (``drsvc.replication.replicamap``)."""
+        """The block digests of the journal's data records (``drsvc.replication.common.replica_maps``)."""
         return self.journal_dir(unit_id) / "digests.bin"
 
-    # -- the block maps of a secondary's replica (receiver: drsvc.replication.replicamap) --
+    # -- the block maps of a secondary's replica (receiver: drsvc.replication.common.replica_maps) --
     def replica_maps_dir(self, unit_id: str) -> Path:
         return self.unit_dir(unit_id) / "maps"
 

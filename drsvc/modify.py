@@ -19,7 +19,7 @@ from . import store
 from .errors import InvalidParameter, ParameterNotMutable, PoolFull
 from .ids import check_id, check_map
 from .model import Volume
-from .replication.requests import KNOWN_PARAMETERS as REPLICATION_CLASS_KEYS
+from .replication.control import KNOWN_PARAMETERS as REPLICATION_CLASS_KEYS
 from .volumes import VolumeService
 
 log = logging.getLogger(__name__)

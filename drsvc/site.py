@@ -11,10 +11,8 @@ from .errors import NotPrimary
 from .groups import GroupService
 from .node import NodeService
 from .pool import Pool
-from .replication import state as unit_state
-from .replication import status as replication_status
-from .replication.service import Replication, build
-from .replication.status import ReplicationStatus
+from .replication.common import find_state
+from .replication.control import Replication, ReplicationStatus, build, is_enabled
 from .volumes import VolumeService, pair_zone
 
 
@@ -24,7 +22,7 @@ def check_writable(pool: Pool, volumes: VolumeService, volume_id: str, readonly:
         return
     vol = volumes.find_volume(volume_id)
     unit = (vol.group_id if vol and vol.group_id else volume_id)
-    st = unit_state.find_state(pool.root, unit)
+    st = find_state(pool.root, unit)
     if st is not None and st.role == "secondary":
         raise NotPrimary(f"volume {volume_id} is a replication secondary on site {pool.site}: "
                          "it can be published read-only only; promote it to write", unit_id=unit, role=st.role)
@@ -32,7 +30,7 @@ def check_writable(pool: Pool, volumes: VolumeService, volume_id: str, readonly:
 
 def is_secondary(pool_root, unit_id: str) -> bool:
     """The unit replicates into this site (a group's members then follow the primary's)."""
-    st = unit_state.find_state(pool_root, unit_id)
+    st = find_state(pool_root, unit_id)
     return st is not None and st.role == "secondary"
 
 
@@ -58,7 +56,7 @@ class Site:
                                 node_pair=node_cfg.pair if node_cfg is not None else "")
         node = NodeService(pool, volumes, node_id, publish_policy=functools.partial(check_writable, pool, volumes))
         groups = GroupService(pool, volumes, in_use=node.in_use,
-                              replicated=functools.partial(replication_status.is_enabled, pool.root),
+                              replicated=functools.partial(is_enabled, pool.root),
                               replica_of=functools.partial(is_secondary, pool.root))
         status = ReplicationStatus(site_id, pool.root, volumes, groups)
         replication = None

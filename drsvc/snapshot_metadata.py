@@ -27,7 +27,7 @@ from .errors import BaseNewerThanTarget, SnapshotsOfDifferentVolumes, StartingOf
 from .host.fiemap import fiemap
 from .ids import check_id
 from .model import Snapshot
-from .replication.plan import data_intervals, normalize, round_out, shared_intervals, subtract
+from .replication.common import clip, data_intervals, from_pairs, pairs, round_out, shared_intervals, subtract
 from .volumes import VolumeService
 
 log = logging.getLogger(__name__)
@@ -51,10 +51,10 @@ def _extents(fd: int, size: int) -> list | None:
         return None
 
 
-def _clip(intervals, start: int) -> list[tuple[int, int]]:
-    """Candidate intervals from the block holding *start* on."""
+def _candidates(r, size: int, start: int) -> list[tuple[int, int]]:
+    """The ranges *r* rounded out to whole blocks, from the block holding *start* on."""
     first = start - start % BLOCK
-    return [(max(s, first), e) for s, e in intervals if e > first]
+    return pairs(clip(round_out(r, BLOCK, size), first, size))
 
 
 def _pread_full(fd: int, offset: int, length: int) -> bytes:
@@ -127,7 +127,7 @@ class SnapshotMetadataService:
             os.close(fd)
             raise
         data = data_intervals(ext, size) if ext is not None else [(0, size)]
-        candidates = _clip(round_out(data, BLOCK, size), starting_offset)
+        candidates = _candidates(from_pairs(data), size, starting_offset)
 
         def gen():
             try:
@@ -157,11 +157,11 @@ class SnapshotMetadataService:
                 os.close(fd)
             raise
         if t_ext is None or b_ext is None:
-            candidates = [(0, size)]
+            candidates = from_pairs([(0, size)])
         else:
-            both = normalize(data_intervals(t_ext, size) + data_intervals(b_ext, min(base_size, size)))
-            candidates = subtract(both, shared_intervals(t_ext, b_ext))
-        candidates = _clip(round_out(candidates, BLOCK, size), starting_offset)
+            both = from_pairs(data_intervals(t_ext, size) + data_intervals(b_ext, min(base_size, size)))
+            candidates = subtract(both, from_pairs(shared_intervals(t_ext, b_ext)))
+        candidates = _candidates(candidates, size, starting_offset)
 
         def differs(off: int, n: int) -> list[bool]:
             new = _pread_full(tfd, off, n)

@@ -256,7 +256,7 @@ class GroupSnapshotService:
 
     def ensure_replica(self, group_snapshot_id: str, *, name: str, source_volume_ids: list[str],
                        snapshot_ids: list[str], created_at: float) -> GroupSnapshot:
-        """A group snapshot taken at the replication peer, here under its ids (issue 21); its
+        """A group snapshot taken at the replication peer, here under its ids; its
         members are ensured as snapshots first (VolumeService.ensure_snapshot_replica)."""
         check_id(group_snapshot_id, "group_snapshot_id")
         with self.pool.lock(group_snapshot_id, blocking=True):

@@ -39,16 +39,21 @@ def fsync_dirs(*paths: Path) -> None:
         fsync_dir(path)
 
 
+def fsync_file(path: Path) -> None:
+    """Make the data of the file at *path*, written without fsync, durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_files(paths, *, directory: Path | None = None) -> None:
     """One durability barrier for files written without fsync, then *directory*, which
-    names them. Sequential: concurrent fsyncs measured slower here (thread wake-ups on a
-    busy 2-core host cost more than the log forces they could share)."""
+    names them. Sequential: thread wake-ups on a busy host cost more than the log forces
+    concurrent fsyncs could share."""
     for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_file(p)
     if directory is not None:
         fsync_dir(directory)
 
@@ -73,6 +78,23 @@ def atomic_write_bytes(path: Path, data: bytes, *, sync_dir: bool = True, durabl
         raise
     if sync_dir and durable:
         fsync_dir(path.parent)
+
+
+def write_ephemeral_json(path: Path, doc: dict) -> None:
+    """Replace the JSON file at *path* whole, without fsync: for files that only describe
+    the running moment (a sync's progress, the scheduler's next runs) and may be lost."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict | None:
+    """The JSON document at *path*, or None when it is absent or unreadable."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
 
 
 def write_doc(path: Path, doc: dict, *, sync_dir: bool = True, durable: bool = True) -> None:

@@ -20,7 +20,7 @@ from .ids import check_id, check_map, check_name, name_key, new_id
 from .model import BLOCK, MOUNT, SINGLE_NODE_MODES, Capability, ContentSource, Snapshot, Volume
 from .paging import paginate
 from .pool import Pool
-from .replication.faults import failpoint
+from .failpoints import failpoint
 
 log = logging.getLogger(__name__)
 MiB = 1024 * 1024
@@ -142,7 +142,7 @@ class VolumeService:
                       capabilities: list[Capability] = (), parameters: dict | None = None,
                       source: ContentSource | None = None, requisite: list[dict] = (),
                       preferred: list[dict] = (), fill=None) -> Volume:
-        """*fill* (internal: a recovery point's clone, drsvc.replication.requests) writes the
+        """*fill* (internal: a recovery point's clone, drsvc.replication.control.requests) writes the
         new image at the path it is given, in place of a reflink of *source*."""
         check_name(name)
         check_capabilities(list(capabilities))
@@ -467,7 +467,7 @@ class VolumeService:
 
     def ensure_snapshot_replica(self, snapshot_id: str, *, name: str, source_volume_id: str, created_at: float,
                                 group_snapshot_id: str = "") -> Snapshot:
-        """A snapshot taken at the replication peer, here under its id and name (issue 21): a
+        """A snapshot taken at the replication peer, here under its id and name: a
         reflink of the replica as the generation that carried it was committed. Repeat-safe."""
         check_id(snapshot_id, "snapshot_id")
         with self.pool.lock(snapshot_id, blocking=True):

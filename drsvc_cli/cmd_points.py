@@ -1,4 +1,4 @@
-"""`drsvc points`: the recovery points a unit keeps at this site (issue 21)."""
+"""`drsvc points`: the recovery points a unit keeps at this site."""
 from __future__ import annotations
 
 from . import humanize as H

@@ -49,7 +49,7 @@ def cmd_metrics(args, out):
 
 
 def cmd_demo(args, out):
-    from .demo import demo_down, run_demo
+    from drsvc_lab.demo.run import demo_down, run_demo
     if getattr(args, "action", None) == "down":
         if not args.root:
             raise UsageError("demo down needs --root DIR (printed by `drsvc demo --keep`)")

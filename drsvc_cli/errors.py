@@ -8,7 +8,7 @@ from __future__ import annotations
 import grpc
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_RETRY, EXIT_REFUSED, EXIT_NOT_FOUND = 0, 1, 2, 3, 4, 5
-_EXIT_BY_CODE = {grpc.StatusCode.ABORTED: EXIT_RETRY, grpc.StatusCode.UNAVAILABLE: EXIT_RETRY,
+EXIT_BY_CODE = {grpc.StatusCode.ABORTED: EXIT_RETRY, grpc.StatusCode.UNAVAILABLE: EXIT_RETRY,
                  grpc.StatusCode.DEADLINE_EXCEEDED: EXIT_RETRY,
                  grpc.StatusCode.FAILED_PRECONDITION: EXIT_REFUSED, grpc.StatusCode.ALREADY_EXISTS: EXIT_REFUSED,
                  grpc.StatusCode.NOT_FOUND: EXIT_NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT: EXIT_USAGE,

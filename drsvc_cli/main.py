@@ -16,7 +16,7 @@ import sys
 import grpc
 
 from . import cmd_objects, cmd_points, cmd_replication, cmd_services, cmd_site, cmd_status
-from .errors import _EXIT_BY_CODE, EXIT_FAIL, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED, EXIT_RETRY, EXIT_USAGE  # noqa: F401
+from .errors import EXIT_BY_CODE, EXIT_FAIL, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED, EXIT_RETRY, EXIT_USAGE  # noqa: F401
 from .errors import CliError, UsageError
 from .output import Output
 
@@ -77,7 +77,7 @@ def _run(args, out: Output, command: str) -> int:
     except RpcFailed as e:
         hint = {grpc.StatusCode.UNAVAILABLE: unavailable_hint,
                 grpc.StatusCode.UNAUTHENTICATED: unauthenticated_hint}.get(e.code, lambda _a: "")(args)
-        return out.error(command, e.code.name, e.message + hint, _EXIT_BY_CODE.get(e.code, EXIT_FAIL))
+        return out.error(command, e.code.name, e.message + hint, EXIT_BY_CODE.get(e.code, EXIT_FAIL))
     except Exception as e:  # noqa: BLE001 - a runbook gets a message and a code, not a traceback
         msg = e.message if isinstance(e, DrsvcError) else f"{type(e).__name__}: {e}"
         return out.error(command, type(e).__name__, msg, EXIT_FAIL)

@@ -285,7 +285,7 @@ return redis.call('GET', KEYS[2])
 
 
 class RedisCut:
-    """drsvc.replication.cut.Cut in the site's Redis, for one node's part of a group.
+    """drsvc.replication.sender.group_rounds.Cut in the site's Redis, for one node's part of a group.
 
     Keys (``drsvc:<site>:cut:``…): ``open:<group>:<epoch>:<gen>`` points at the round
     being cut (``…:demote`` for a Demote's final round); ``round:<id>:frozen`` / ``:cut``

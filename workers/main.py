@@ -12,8 +12,8 @@ import time
 from celery import signals
 
 from drsvc.config import load
-from drsvc.replication import remote
-from drsvc.replication.peers import connect
+from drsvc.replication.sender import warm
+from drsvc.replication.control import JOB_MODULES, connect
 
 from .app import make_app
 from .titles import keep_worker_titles
@@ -61,16 +61,12 @@ def worker_main(argv=None) -> int:
 
 # What the tasks import inside their functions (the plugin does not load them). The worker
 # imports them once, before Celery forks its pool (or, role api, before its threads start), so
-# a pool process has them from the start: a Promote that was its process's first paid ~0.06 s
-# idle, 0.1-0.2 s under load, for the engine's imports, and another ~0.08 s for the site's and
-# the dispatcher's (``tasks.jobs_for``); imported in each pool process as it started, they cost
-# ~0.18 CPU-s per process (numpy most of it), paid again by every replaced process.
+# a pool process has them from the start instead of paying for them (numpy most of it) in its
+# first task, and again in every process that replaces one.
 SITE_MODULES = ("drsvc.site", "workers.client")       # every role's tasks build the site's services
-ENGINE_MODULES = ("drsvc.replication.sync", "drsvc.replication.takeover", "drsvc.replication.pointrestore",
-                  "drsvc.replication.replica", "drsvc.replication.content", "drsvc.replication.snapstore",
-                  *SITE_MODULES)
+ENGINE_MODULES = (*JOB_MODULES, *SITE_MODULES)
 # a storage node's api worker: the site controller's calls (``tasks.node_ops_for``)
-NODE_MODULES = ("drsvc.cluster", "drsvc.controller", "drsvc.replication.api", *SITE_MODULES)
+NODE_MODULES = ("drsvc.cluster", "drsvc.controller", "drsvc.replication.control.api", *SITE_MODULES)
 PRELOAD = {"data": ENGINE_MODULES, "control": ENGINE_MODULES, "api": NODE_MODULES}
 
 
@@ -80,13 +76,13 @@ def preload(role: str) -> None:
         importlib.import_module(name)
 
 
-WARM_EVERY = 300.0       # seconds; a warm receiver is dropped after remote.IDLE_TTL (600) unused
+WARM_EVERY = 300.0       # seconds; a warm receiver is dropped after receiver_client.IDLE_TTL (600) unused
 
 
 def keep_peers_warm(cfg) -> None:
     """Each pool process logs in to every peer when it starts, on every connection striping
     uses, and greets there the receivers a large sync takes (the master and its stripes,
-    ``remote.warm``) every WARM_EVERY seconds: a Demote's final sync, or the first sync after
+    ``receiver_client.warm``) every WARM_EVERY seconds: a Demote's final sync, or the first sync after
     a quiet spell, then costs its round trips, not a login's (about nine over SSH) nor a
     receiver's start."""
     def loop():
@@ -96,7 +92,7 @@ def keep_peers_warm(cfg) -> None:
                     peer = connect(p)
                     if peer.session_key is not None:     # a transport that keeps connections
                         caps = cfg.bandwidth_caps(p.name).values()    # sizes N as a sync's limit does
-                        remote.warm(peer, bwlimit=min(caps) if caps else None)
+                        warm(peer, bwlimit=min(caps) if caps else None)
                 except Exception as e:  # noqa: BLE001 - the peer may be down; syncs report that
                     log.debug("peer %s not warmed: %s", p.name, e)
             time.sleep(WARM_EVERY)

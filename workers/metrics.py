@@ -90,7 +90,7 @@ class ReplicationCollector:
         yield from points.values()
 
 
-# -- recovery points (issue 21) -------------------------------------------------------------
+# -- recovery points --------------------------------------------------------------------------
 def _points_families(labels) -> dict:
     return {name: GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=labels) for name, doc in (
         ("points", "Recovery points kept at this site"),
@@ -100,7 +100,7 @@ def _points_families(labels) -> dict:
 
 
 def _add_points(fam: dict, status, lv: list) -> None:
-    from drsvc.replication.status import Unit
+    from drsvc.replication.control import Unit
     unit_id, kind = lv[1], lv[2]
     try:
         pts, space, _ = status.points(Unit(kind, unit_id, tuple(status.kind_of(unit_id)[1])))

@@ -26,9 +26,8 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from drsvc.config import SiteConfig, load
 from drsvc.pool import Pool
-from drsvc.replication import health
 from drsvc.schedule import catch_up, phase, slot_at_or_before
-from drsvc.replication.status import list_schedules
+from drsvc.replication.control import list_schedules, write_next_runs
 
 from .tasks import sync_marker
 from .titles import set_title
@@ -142,11 +141,11 @@ class SiteScheduler:
         self._publish_next_runs()
 
     def _publish_next_runs(self) -> None:
-        """Each unit's next run, for `drsvc status` (read by drsvc.replication.health.next_sync)."""
+        """Each unit's next run, for `drsvc status` (read by drsvc.replication.control.health.next_sync)."""
         runs = {job.id.removeprefix("sync:"): job.next_run_time.timestamp()
                 for job in self.sched.get_jobs() if job.next_run_time is not None}
         if runs != self._published:
-            health.write_next_runs(self.cfg.pool, runs)
+            write_next_runs(self.cfg.pool, runs)
             self._published = runs
 
     def run(self) -> None:

@@ -27,7 +27,7 @@ _services: dict = {}
 
 
 def jobs_for(app):
-    """The site's replication jobs (drsvc.replication.jobs), built once per worker process."""
+    """The site's replication jobs (drsvc.replication.control.jobs), built once per worker process."""
     key = id(app)
     if key not in _services:
         from drsvc.site import Site
@@ -43,7 +43,7 @@ def node_ops_for(app):
     if key not in _services:
         from drsvc.cluster import NodeOps
         from drsvc.controller import PoolController
-        from drsvc.replication.api import ReplicationAPI
+        from drsvc.replication.control import ReplicationAPI
         from drsvc.site import Site
         from .client import CeleryDispatcher
         from .client import RedisBarrier

@@ -16,8 +16,8 @@ from ..controller import PoolController
 from ..controller_api import CONTROLLER_OPS, REPLICATION_OPS, ReplicationControl
 from ..errors import DrsvcError, ReplicationNotConfigured
 from ..ids import check_id, name_key
-from ..replication.replica import round_state, settle_round
-from ..replication.status import Info
+from ..replication.receiver import round_state, settle_round
+from ..replication.control import Info
 from .wire import caps_in, group_out, gs_out, page_out, source_in, status_out
 
 NODE_ONLY_OPS = frozenset({
@@ -37,7 +37,7 @@ class NodeOps:
     def __init__(self, ctl: PoolController, replication: ReplicationControl | None = None, barrier=None):
         self.ctl = ctl
         self.volumes = ctl.site.volumes
-        self.replication = replication      # drsvc.replication.api.ReplicationAPI, with peers
+        self.replication = replication      # drsvc.replication.control.api.ReplicationAPI, with peers
         self.barrier = barrier              # (key, parties, timeout) -> cluster.calls.Barrier, from the edge
 
     def run(self, op: str, kwargs: dict) -> Any:

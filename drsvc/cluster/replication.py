@@ -4,7 +4,7 @@ control queue and wait for it (a node's api worker runs nothing else, so it neve
 on itself).
 
 A volume group whose members sit on several nodes replicates as one part per node
-(``replication.cut``): each call goes to every part at once (their syncs meet at the
+(``group_rounds``): each call goes to every part at once (their syncs meet at the
 cut), and a promote first settles any round left prepared at this site's nodes, so
 every part takes over at the same generation."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import logging
 from typing import Any
 
 from ..errors import GroupNotFound, NotGroupConsistent, VolumeNotFound
-from ..replication.status import Info
+from ..replication.control import Info
 from .routing import Router
 from .wire import group_in
 
@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 def settle_plan(states: dict[str, dict]) -> dict[str, bool]:
-    """For each node holding a prepared round (``receiver.round_state``): apply it (True)
+    """For each node holding a prepared round (``replica.round_state``): apply it (True)
     when another node already applied that generation, else drop it (False)."""
     plan = {}
     for n, st in sorted(states.items()):

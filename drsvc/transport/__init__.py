@@ -67,7 +67,7 @@ class Peer(ABC):
     """A replication peer. One Peer is reused for every verb and member of a sync.
 
     A transport whose connections outlive one sync gives a ``session_key`` (what
-    its connection was authenticated with): drsvc.replication.remote then keeps
+    its connection was authenticated with): drsvc.replication.sender.receiver_client then keeps
     receivers warm per key and sends each request to one (the ``serve`` verb).
     None (the default) runs one receiver process per request.
     """

@@ -242,7 +242,7 @@ def test_drill_verifies_clones_and_keeps_the_schedule(lab, ansible, tmp_path):
         out = ansible.playbook("drill.yml", "-v", primary_site="a", secondary_site="b", volume_id=vid[:12],
                                drill_expected_sha256=sums)
         assert "verification passed (rc 0) on 1 clone(s); 3 file(s) checksummed; clean-up done" in out, out
-        assert "no_log" not in out, out       # issue 23: "Module did not set no_log for require_pass"
+        assert "no_log" not in out, out       # Ansible's "Module did not set no_log for require_pass"
         for digest in sums.values():
             assert digest in out
         # a user-supplied probe, given the mount path as its last argument

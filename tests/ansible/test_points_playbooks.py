@@ -1,4 +1,4 @@
-"""Recovery points through the playbooks (issue 21): drill.yml and unplanned-failover.yml take
+"""Recovery points through the playbooks: drill.yml and unplanned-failover.yml take
 `recovery_point`, run for real against the two-site lab."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Smoke tests of the bench's code paths (bench/), with tiny sizes and one run each.
 
-They check what the bench reports, never how fast: the JSON shape issue 9 asks
+They check what the bench reports, never how fast: the JSON shape bench.goals reads
 for (cases with drsvc_s/rsync_s/floor_s as best/median/runs, changed_bytes,
 drsvc_wire_bytes, a top-level cold flag), that every figure is positive, and that
 each replica (and rsync's copy) ends up byte for byte equal to its source.

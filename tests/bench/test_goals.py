@@ -1,4 +1,4 @@
-"""bench.goals judges issue 9's goals from the bench's JSON line: thresholds and edges."""
+"""bench.goals judges the bench's goals from the bench's JSON line: thresholds and edges."""
 from __future__ import annotations
 
 import pytest

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from csi_plugin.gen import csi_pb2, volumegroup_pb2
-from drsvc.replication.state import find_state
+from drsvc.replication.common.unit_state import find_state
 from tests.consumers.flows import Code, requeue, status_of
 from tests.dr.helpers import wait_for, wait_synced_after, write_random
 from tests.fixtures.sites import image_sha
@@ -58,7 +58,7 @@ def mark_secondary(client, *, auto_resync, attempts=80, **src):
 def test_vr_primary_enable_then_promote(lab):
     """volumereplication_controller.go: Reconcile (Primary) -> enableReplication ->
     markVolumeAsPrimary; getVolumeReplicationInfo for the status (NOT_FOUND is a known error
-    until the first sync). Items 1, 8 and 9 of issue 10."""
+    until the first sync)."""
     A, B = lab.clients["a"], lab.clients["b"]
     vol = A.create_volume("vrp", 64 << 20).volume_id
     # unknown peer: INVALID_ARGUMENT (not NOT_FOUND); this site's own name is accepted

@@ -1,4 +1,4 @@
-"""Issue 10 item 0: the old primary is never rewritten underneath a mounted filesystem,
+"""The old primary is never rewritten underneath a mounted filesystem,
 and a secondary is called consistent only when its content equals the primary's.
 
 Follows kubernetes-csi-addons internal/controller/replication.storage/
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from drsvc.replication.state import find_state
+from drsvc.replication.common.unit_state import find_state
 from tests.consumers.flows import Code, publish, requeue, stage, status_of, unpublish, unstage
 from tests.dr.helpers import wait_attempts, wait_for, wait_synced_after, write_random
 from tests.fixtures.sites import image_sha

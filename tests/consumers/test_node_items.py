@@ -1,4 +1,4 @@
-"""Issue 10 items 7 and 10, through a real plugin: a restore or clone larger than its
+"""Through a real plugin: a restore or clone larger than its
 source shows the requested size at publish (ext4 and xfs), and NodeGetVolumeStats
 answers on a block volume's staging path (seed 002, NodeGetVolumeStats: "any path
 where the volume was staged or published")."""

@@ -1,4 +1,4 @@
-"""Pure rules behind issue 10 items 9 and 11: the peer a class names, and the seed's codes."""
+"""Pure rules of the consumers' calls: the peer a class names, and the seed's codes."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,7 +9,7 @@ import pytest
 from csi_plugin.addons_servicers import SEED_CODES, seed_codes
 from drsvc.config import parse
 from drsvc.errors import InternalError, InvalidParameter, OperationInProgress, PeerUnreachable, PreconditionFailed
-from drsvc.replication.enablement import resolve_peer
+from drsvc.replication.control.enablement import resolve_peer
 
 pytestmark = pytest.mark.fast     # no root, no lab: tests/conftest.py keeps it so
 

@@ -1,4 +1,4 @@
-"""Issue 10 item 4: a PV copied to the peer can be scheduled there.
+"""A PV copied to the peer can be scheduled there.
 
 external-provisioner (pkg/controller/topology.go, with --strict-topology as deploy/
 runs it) writes the CreateVolume response's accessible_topology into the PV's node

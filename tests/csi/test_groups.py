@@ -29,7 +29,7 @@ def test_group_lifecycle_and_errors(plugin, groups, paths):
     assert again.volume_group.volume_group_id == g.volume_group_id                     # idempotent by name
     assert _code(lambda: groups.CreateVolumeGroup(VG.CreateVolumeGroupRequest(
         name="g1", parameters={"maxVolumes": "3"}))) == grpc.StatusCode.ALREADY_EXISTS
-    # keys of other classes are accepted and ignored (issue 10 item 2); ours are validated
+    # keys of other classes are accepted and ignored (a class is shared by drivers); ours are validated
     g2 = groups.CreateVolumeGroup(VG.CreateVolumeGroupRequest(name="g2", parameters={"colour": "red"}))
     groups.DeleteVolumeGroup(VG.DeleteVolumeGroupRequest(volume_group_id=g2.volume_group.volume_group_id))
     assert _code(lambda: groups.CreateVolumeGroup(VG.CreateVolumeGroupRequest(

@@ -7,8 +7,8 @@ import random
 import grpc
 
 from drsvc.layout import PoolLayout
-from drsvc.replication.control import find_control
-from drsvc.replication.state import find_state
+from drsvc.replication.control.relationship import find_control
+from drsvc.replication.common.unit_state import find_state
 from drsvc_lab import wait_until
 from tests.fixtures.sites import image_sha
 

@@ -1,4 +1,4 @@
-"""A Demote's final sync goes ahead of scheduled syncs under the site's bandwidth cap (issue 20).
+"""A Demote's final sync goes ahead of scheduled syncs under the site's bandwidth cap.
 
 Site a's config caps all its syncs together (``bwlimit``), in its Redis
 (workers.bandwidth). Both tests run the real path: gRPC DemoteVolume at a's plugin,
@@ -24,7 +24,7 @@ import pytest
 import redis
 
 from drsvc_lab import Lab
-from drsvc.replication.state import find_state
+from drsvc.replication.common.unit_state import find_state
 from tests.dr.helpers import journaled, wait_for, write_random
 from tests.fixtures.sites import need_lab, started
 

@@ -1,4 +1,4 @@
-"""Control never waits behind data (issue 13).
+"""Control never waits behind data.
 
 Enable, Demote and Promote go to the site's control queue, served by a worker of its own
 (`drsvc worker --role control`); syncs go to the data queue. Here both processes of site
@@ -13,7 +13,7 @@ import json
 import redis
 
 from drsvc.config import load
-from drsvc.replication.state import find_state
+from drsvc.replication.common.unit_state import find_state
 from tests.dr.helpers import wait_for, write_random
 from workers.app import make_app
 

@@ -1,4 +1,4 @@
-"""Issue 10 item 5: a member removed from a replicated group can be deleted at the peer.
+"""A member removed from a replicated group can be deleted at the peer.
 
 The VolumeGroupReplication controller changes a group's members with
 ModifyVolumeGroupMembership (kubernetes-csi-addons

@@ -27,7 +27,7 @@ import pytest
 import redis
 
 from drsvc.config import load
-from drsvc.replication.state import find_state
+from drsvc.replication.common.unit_state import find_state
 from tests.dr.helpers import generation, wait_for, write_random
 from tests.faults.steps import receiver_pids
 from workers import inflight, presence

@@ -1,4 +1,4 @@
-"""Issue 21 acceptance on a real two-site lab: recovery points at the DR site.
+"""On a real two-site lab: recovery points at the DR site.
 
 Everything goes through the plugins' gRPC (CSI, CSI-Addons Replication, drsvc Admin), with
 real filesystems mounted through NodeStage/NodePublish. Syncs are requested (SyncNow) so
@@ -141,7 +141,7 @@ def test_ransomware_promote_to_the_point_before_it_then_fail_back(plab, tmp_path
 
 
 def _last_report(site, unit_id) -> dict:
-    from drsvc.replication.state import find_state
+    from drsvc.replication.common.unit_state import find_state
     return find_state(site.pool, unit_id).reports[-1]
 
 

@@ -1,4 +1,4 @@
-"""One slow peer must not block syncs to other peers (issue 13).
+"""One slow peer must not block syncs to other peers.
 
 Site a replicates to two peers, b and c. Syncs to c are slow (throttled), and there are
 more of them than a's data worker has processes. With several peers a site caps the
@@ -16,8 +16,8 @@ import pytest
 import redis
 
 from drsvc.config import load
-from drsvc.replication.control import find_control
-from drsvc.replication.state import find_state
+from drsvc.replication.control.relationship import find_control
+from drsvc.replication.common.unit_state import find_state
 from drsvc_lab import Lab
 from tests.dr.helpers import wait_for, write_random
 from tests.fixtures.sites import need_lab, started

@@ -1,4 +1,4 @@
-"""Issue 4 acceptance: two real sites, everything through gRPC."""
+"""Two real sites, everything through gRPC."""
 from __future__ import annotations
 
 import threading
@@ -7,7 +7,7 @@ import time
 import grpc
 
 from csi_plugin.gen import csi_pb2, volumegroup_pb2
-from drsvc.replication.state import find_state
+from drsvc.replication.common.unit_state import find_state
 from tests.dr.helpers import (code_of, generation, last_report, wait_attempts, wait_for, wait_synced_after,
                               write_random)
 from tests.faults.steps import receiver_pids
@@ -134,7 +134,7 @@ def test_forced_failover_split_brain_and_resync(lab):
     # resync is refused until A is demoted
     assert code_of(lambda: A.call("ResyncVolume", volume_id=vol)) == grpc.StatusCode.FAILED_PRECONDITION
     A.retry("DemoteVolume", volume_id=vol)
-    # without force the demoted site keeps its divergent writes (issue 10 item 3: the controller
+    # without force the demoted site keeps its divergent writes (the controller
     # sends force = spec.autoResync, false by default): not ready, and A's image is left alone
     diverged = image_sha(sa, vol)
     assert A.retry("ResyncVolume", volume_id=vol).ready is False

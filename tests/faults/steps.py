@@ -14,10 +14,11 @@ import grpc
 
 from csi_plugin.gen import admin_pb2, admin_pb2_grpc
 from drsvc import store
-from drsvc.replication import remote, sync_unit
-from drsvc.replication.layout import PoolLayout
-from drsvc.replication.peers import link_of
-from drsvc.replication.state import find_state
+from drsvc.replication.sender import receiver_client
+from drsvc.replication import sync_unit
+from drsvc.layout import PoolLayout
+from drsvc.replication.control.peers import link_of
+from drsvc.replication.common.unit_state import find_state
 from drsvc.transport import ssh
 from drsvc.transport.ssh import SshPeer
 from tests.dr.helpers import write_random
@@ -135,7 +136,7 @@ def write_quiesced(site, unit_id, **kw) -> int:
 def fresh_link() -> None:
     """Drop this process's warm receivers and cached SSH logins, so the next sync opens a
     new connection (through whatever proxy its peer names) from the handshake on."""
-    remote.discard_idle()
+    receiver_client.discard_idle()
     ssh.close_all()
 
 

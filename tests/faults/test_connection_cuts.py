@@ -10,7 +10,7 @@ import pytest
 
 from drsvc.errors import DrsvcError
 from drsvc.replication import sync_unit
-from drsvc.replication.state import find_state
+from drsvc.replication.common.unit_state import find_state
 from tests.dr.helpers import generation, wait_for, write_random
 
 from .proxy import CuttingProxy

@@ -11,7 +11,7 @@ import pytest
 
 from drsvc import store
 from drsvc.layout import PoolLayout
-from drsvc.replication.state import find_state
+from drsvc.replication.common.unit_state import find_state
 from tests.dr.helpers import generation, wait_attempts, wait_for, wait_synced_after, write_random
 from tests.fixtures.sites import image_sha
 
@@ -141,7 +141,7 @@ def test_split_brain_fenced_and_resynced(flab):
     assert find_state(sb.pool, vol).epoch > find_state(sa.pool, vol).epoch
 
     reissue(lambda: A.call("DemoteVolume", volume_id=vol), what="demote")
-    # a's own writes are kept until a resync with force discards them (issue 10 item 3)
+    # a's own writes are kept until a resync with force discards them
     assert not reissue(lambda: A.call("ResyncVolume", volume_id=vol), what="resync").ready
     wait_for(lambda: reissue(lambda: A.call("ResyncVolume", volume_id=vol, force=True), what="resync").ready,
              90, what="resync to finish")

@@ -2,7 +2,7 @@
 
 Pruning runs in the receiver, at each commit: it folds the points the grid drops into
 their older neighbours and copies what the generation overwrites into an undo file,
-before the apply (most of that copy is made as the records arrive, ``undoahead``: killed
+before the apply (most of that copy is made as the records arrive, ``undo_copy``: killed
 there, the copies lie past the end of what the point's map names, and are made again). A
 receiver killed at any of those steps (failpoints) or at random is replayed at the next
 contact; afterwards every point the index lists still rebuilds to
@@ -24,9 +24,9 @@ import pytest
 from csi_plugin.gen import replication_pb2, volumegroup_pb2
 from drsvc.errors import DrsvcError
 from drsvc.replication import sync_unit
-from drsvc.replication.layout import PoolLayout
-from drsvc.replication.points import Index, build_image
-from drsvc.replication.state import find_state
+from drsvc.layout import PoolLayout
+from drsvc.replication.points.index import Index, build_image
+from drsvc.replication.common.unit_state import find_state
 from tests.dr.helpers import generation, wait_for, write_random
 
 from .steps import (MiB, Generations, check_converged, file_sha, peer_of, reissue, set_receiver_failpoints,

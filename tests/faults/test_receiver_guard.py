@@ -1,4 +1,4 @@
-"""Issue 10 item 0 under the real worker: the replica at the peer is attached read-write
+"""Under the real worker: the replica at the peer is attached read-write
 (a loop device, as NodeStage leaves it). The primary's sync is refused by the receiver
 with ImageInUse, the unit shows DEGRADED with that message, and the replica's bytes stay
 as they were; once detached, the next sync lands and the unit is HEALTHY again."""

@@ -13,8 +13,8 @@ import redis
 
 from drsvc.errors import DrsvcError
 from drsvc.replication import peer_status, sync_unit
-from drsvc.replication.layout import PoolLayout
-from drsvc.replication.snapstore import generation_image
+from drsvc.layout import PoolLayout
+from drsvc.replication.sender.base_store import generation_image
 from tests.dr.helpers import generation, wait_for, write_random
 from workers import inflight
 

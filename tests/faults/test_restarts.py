@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from drsvc.replication.state import find_state
+from drsvc.replication.common.unit_state import find_state
 from tests.dr.helpers import generation, wait_for, wait_synced_after, write_random
 from tests.fixtures.sites import image_sha
 
@@ -144,7 +144,7 @@ def plugin_during_resync(lab, rnd, rounds):
         write_random(sb, vol, count=4, seed=rnd.random())
         write_random(sa, vol, count=4, seed=rnd.random())       # A's writes B never gets
         reissue(lambda vol=vol: A.call("DemoteVolume", volume_id=vol), what="demote")
-        # force: A's own writes are discarded (issue 10 item 3; without it the answer stays not ready)
+        # force: A's own writes are discarded (without it the answer stays not ready)
         t = _in_background(A.call, "ResyncVolume", volume_id=vol, force=True)
         time.sleep(rnd.uniform(0.0, 0.3))
         sa.run.stop("plugin", sig=rnd.choice([signal.SIGKILL, signal.SIGTERM]))

@@ -169,7 +169,7 @@ def test_secrets_and_keys_stay_out_of_logs(flab):
         A.groups.CreateVolumeGroup(volumegroup_pb2.CreateVolumeGroupRequest(name="secret-grp", secrets=secrets))
         reissue(lambda: A.call("EnableVolumeReplication", volume_id=vol, secrets=secrets,
                                parameters={"schedulingInterval": "1h"}), what="enable")
-        # GetVolumeReplicationInfo is NOT_FOUND until the first sync (issue 10 item 8) has
+        # GetVolumeReplicationInfo is NOT_FOUND until the first sync has
         # recorded its outcome, a moment after a's state took the generation at the commit
         wait_for(lambda: generation(sa, vol) >= 1 and status(A, vol).last_sync_time, 60, what="the first sync")
         for method in ("GetVolumeReplicationInfo", "DemoteVolume", "ResyncVolume", "DisableVolumeReplication"):

@@ -17,7 +17,7 @@ import pytest
 
 from drsvc.errors import DrsvcError
 from drsvc.replication import sync_unit
-from drsvc.replication.layout import PoolLayout
+from drsvc.layout import PoolLayout
 from tests.dr.helpers import wait_for, write_random
 
 from .steps import (MiB, engine_volume, all_receiver_pids, check_converged, fresh_link, peer_of,

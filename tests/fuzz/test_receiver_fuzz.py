@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from drsvc.replication import protocol, sync_unit
-from drsvc.replication.protocol import CODEC_RAW, CODEC_ZERO, CODEC_ZSTD, FrameReader, ManifestChain
-from drsvc.replication.state import find_state
+from drsvc.replication.wire import frames
+from drsvc.replication import sync_unit
+from drsvc.replication.wire.frames import CODEC_RAW, CODEC_ZERO, CODEC_ZSTD, FrameReader, ManifestChain
+from drsvc.replication.common.unit_state import find_state
 from drsvc.transport import Peer
 from drsvc.transport.local import LocalPeer
 from tests.faults.steps import peer_of
@@ -98,8 +99,8 @@ def _frames(out: bytes) -> list:
     msgs = []
     try:
         while (f := reader.next_frame(eof_ok=True)) is not None:
-            if f[0] == protocol.T_CONTROL:
-                msgs.append(protocol.parse_control(f[1]))
+            if f[0] == frames.T_CONTROL:
+                msgs.append(frames.parse_control(f[1]))
     except Exception:  # noqa: BLE001 - the tail of a refused conversation may be cut
         pass
     return msgs
@@ -112,7 +113,7 @@ def intact(pool: Path, pools) -> None:
 
 
 def begin(**over) -> dict:
-    msg = {"type": "begin", "unit": "v", "version": protocol.VERSION, "txid": uuid.uuid4().hex,
+    msg = {"type": "begin", "unit": "v", "version": frames.VERSION, "txid": uuid.uuid4().hex,
            "kind": "volume", "base": 1, "target": 2, "epoch": 1, "block_size": BS, "mode": "delta",
            "members": [{"volume_id": "v", "size": SIZE, "base_size": SIZE, "fresh": False}]}
     msg.update(over)
@@ -121,25 +122,25 @@ def begin(**over) -> dict:
 
 def record(offset=0, data=b"\x5a" * 4096, *, member=0, codec=CODEC_RAW, length=None, checksum=None):
     length = len(data) if length is None else length
-    checksum = protocol.payload_checksum(data) if checksum is None else checksum
-    return protocol.encode_record(member, codec, offset, length, checksum, data), (member, codec == CODEC_ZERO,
+    checksum = frames.payload_checksum(data) if checksum is None else checksum
+    return frames.encode_record(member, codec, offset, length, checksum, data), (member, codec == CODEC_ZERO,
                                                                                  offset, length, checksum)
 
 
 def transaction(tx: dict, records, *, commit=True, manifest=None, count=None) -> bytes:
-    out = protocol.encode_control({"type": "status", "unit": "v"}) + protocol.encode_control(tx)
+    out = frames.encode_control({"type": "status", "unit": "v"}) + frames.encode_control(tx)
     chain = ManifestChain()
     for raw, entry in records:
         out += raw
         chain.update(*entry)
     if commit:
-        out += protocol.encode_control({"type": "commit", "records": chain.count if count is None else count,
+        out += frames.encode_control({"type": "commit", "records": chain.count if count is None else count,
                                         "manifest": manifest or chain.hexdigest()})
     return out
 
 
 def frame(ftype, body: bytes, length=None) -> bytes:
-    return protocol.frame_header(ftype, len(body) if length is None else length) + body
+    return frames.frame_header(ftype, len(body) if length is None else length) + body
 
 
 def _bad_cases():
@@ -167,20 +168,20 @@ def _bad_cases():
         "zstd bomb": transaction(begin(), [record(0, b"\x00" * 16, codec=CODEC_ZSTD, length=1 << 31)]),
         "manifest mismatch": transaction(begin(), [good], manifest="00" * 16),
         "record count mismatch": transaction(begin(), [good], count=7),
-        "huge frame header": protocol.encode_control({"type": "status", "unit": "v"})
-        + protocol.frame_header(protocol.T_RECORD, 0xFFFFFFFF),
-        "huge control frame": frame(protocol.T_CONTROL, b"{}", length=protocol.MAX_CONTROL + 1),
-        "control too large": frame(protocol.T_CONTROL, b'{"type":"status","unit":"v","x":"' + b"a" * (1 << 20) + b'"}'),
+        "huge frame header": frames.encode_control({"type": "status", "unit": "v"})
+        + frames.frame_header(frames.T_RECORD, 0xFFFFFFFF),
+        "huge control frame": frame(frames.T_CONTROL, b"{}", length=frames.MAX_CONTROL + 1),
+        "control too large": frame(frames.T_CONTROL, b'{"type":"status","unit":"v","x":"' + b"a" * (1 << 20) + b'"}'),
         "bad magic": b"XX" + transaction(begin(), [good])[2:],
         "unknown frame type": frame(9, b"abc"),
-        "not json": frame(protocol.T_CONTROL, b"{nope"),
-        "json not an object": frame(protocol.T_CONTROL, b"[1,2]"),
+        "not json": frame(frames.T_CONTROL, b"{nope"),
+        "json not an object": frame(frames.T_CONTROL, b"[1,2]"),
         "record before begin": raw,
         "path in unit": transaction(begin(unit="../../etc"), [good]),
         "path in volume id": transaction(begin(members=[{"volume_id": "../images/v", "size": SIZE,
                                                          "base_size": SIZE, "fresh": False}]), [good]),
-        "two units": protocol.encode_control({"type": "status", "unit": "v"})
-        + protocol.encode_control(begin(unit="w")),
+        "two units": frames.encode_control({"type": "status", "unit": "v"})
+        + frames.encode_control(begin(unit="w")),
         "wrong version": transaction(begin(version=99), [good]),
         "negative sizes": transaction(begin(members=[{"volume_id": "v", "size": -1, "base_size": SIZE,
                                                       "fresh": False}]), [good]),

@@ -18,7 +18,7 @@ import grpc
 import pytest
 import redis
 
-from drsvc.replication.state import find_state
+from drsvc.replication.common.unit_state import find_state
 from drsvc_lab import NodesLab
 from tests.dr.helpers import code_of, wait_for, write_random
 from tests.fixtures.sites import Client, image_sha
@@ -365,7 +365,7 @@ def test_a_spanning_groups_demote_waits_out_a_part_held_by_its_own_sync(two):
 
     from csi_plugin.gen import volumegroup_pb2
     from drsvc import store
-    from drsvc.replication.layout import PoolLayout
+    from drsvc.layout import PoolLayout
     A, B = two.clients["a"], two.clients["b"]
     vols = {on(A, "held-1", "n1"): "n1", on(A, "held-2", "n2"): "n2"}
     gid = A.groups.CreateVolumeGroup(volumegroup_pb2.CreateVolumeGroupRequest(

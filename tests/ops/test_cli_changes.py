@@ -1,4 +1,4 @@
-"""Issue 23 on a real two-site lab: every state-changing command says what changed and where
+"""On a real two-site lab: every state-changing command says what changed and where
 (plain and --json), group members are explicit, processes carry readable titles and answer
 their liveness probes, and `site status` shows where each process logs."""
 from __future__ import annotations

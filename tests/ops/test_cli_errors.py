@@ -62,7 +62,7 @@ def test_usage_errors_without_a_site(tmp_path):
     check(["status", "--bogus"], USAGE, message="unrecognized arguments")
     check(["frobnicate"], USAGE, message="invalid choice")
     check(["demo", "down"], USAGE, message="--root")
-    # --config and --endpoint name two sites: which one was meant? (issue 23: --endpoint won silently)
+    # --config and --endpoint name two sites: which one was meant? (neither may win silently)
     doc = check(["status", "--config", missing, "--endpoint", "unix:///run/b.sock"], USAGE, message="not both")
     assert "--endpoint unix:///run/b.sock" in doc["error"]["message"]
     check(["promote", "--volume", "v", "--endpoint", "unix:///run/b.sock", "--config", missing], USAGE,
@@ -70,8 +70,8 @@ def test_usage_errors_without_a_site(tmp_path):
 
 
 def test_an_unreachable_socket_says_so_and_what_to_run(tmp_path):
-    """Issue 23: rc 3 with raw gRPC text and no hint. Now: which socket, why, and the command
-    that shows the site's processes (and their logs)."""
+    """Not rc 3 with raw gRPC text: which socket, why, and the command that shows the site's
+    processes (and their logs)."""
     gone = tmp_path / "gone.sock"
     doc = check(["status", "--endpoint", f"unix://{gone}"], RETRY, error="UNAVAILABLE", message="unreachable")
     assert str(gone) in doc["error"]["message"] and "drsvc site status --config" in doc["error"]["message"]

@@ -1,5 +1,5 @@
 """The README's main job, `drsvc demo`, and its lifecycle: `--keep`, then the printed
-`drsvc demo down --root DIR` leaves nothing behind (issue 11, "Lifecycle").
+`drsvc demo down --root DIR` leaves nothing behind.
 
 Both tests run the whole demo on real parts (two sites, redis, sshd, Celery, the playbooks).
 """

@@ -1,4 +1,4 @@
-"""deploy/Containerfile builds here and the image runs drsvc (issue 23): scripts/build-image.sh
+"""deploy/Containerfile builds here and the image runs drsvc: scripts/build-image.sh
 makes a Debian bookworm base with mmdebstrap, builds with `podman build --isolation chroot`, and
 smoke-tests the image by `podman image mount` + chroot (`podman run` fails in this sandbox).
 

@@ -16,8 +16,8 @@ import sys
 
 import grpc
 
-from drsvc.replication.health import assess_secondary, roll_forward
-from drsvc.replication.state import find_state
+from drsvc.replication.control.health import assess_secondary, roll_forward
+from drsvc.replication.common.unit_state import find_state
 from tests.dr.helpers import code_of, generation, wait_for, write_random
 from tests.ops.test_monitoring import Metrics, scrape
 
@@ -81,7 +81,7 @@ def _cli_view(site, vol, columns):
 
 
 def test_secondary_degrades_when_primary_is_silent_and_recovers(lab):
-    """The acceptance test of issue 11: the primary's scheduler is paused (SIGSTOP), and the
+    """The primary's scheduler is paused (SIGSTOP), and the
     secondary turns DEGRADED with a growing data age in all three surfaces, `drsvc status`
     (JSON and the table), the Admin service and /metrics; then it recovers on SIGCONT."""
     from drsvc_cli.client import DrClient

@@ -1,5 +1,5 @@
 """The Redis password is given once, in the environment (DRSVC_REDIS_PASSWORD), never in
-site.toml (issue 23: it was written twice, in the Secret and in redis_url)."""
+site.toml (written once, not in the Secret and in redis_url both)."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""The scheduler at scale (issue 13): units spread over their interval, and a leader change
+"""The scheduler at scale: units spread over their interval, and a leader change
 brings neither a burst nor a gap.
 
 Real parts: a redis-server of its own, the real APScheduler with its SQLite job store in
@@ -17,9 +17,10 @@ import redis
 
 from drsvc import runner
 from drsvc.config import load
-from drsvc.replication import health
-from drsvc.replication import state as unit_state
-from drsvc.replication.control import Control, save_control
+from drsvc import store
+from drsvc.replication.control import health
+from drsvc.replication.common import unit_state
+from drsvc.replication.control.relationship import Control, save_control
 from drsvc.schedule import phase
 from drsvc_lab import wait_until
 from workers.scheduler import SiteScheduler
@@ -62,9 +63,9 @@ def test_units_spread_and_takeover_replays_missed_runs_at_pace(site):
     cfg, r = site
     s1, t1 = _run(cfg)
     try:
-        wait_until(lambda: len((health._read_json(health.next_runs_path(cfg.pool)) or {}).get("next", {}))
+        wait_until(lambda: len((store.read_json(health.next_runs_path(cfg.pool)) or {}).get("next", {}))
                    >= len(UNITS), 30, "the leader to publish its next runs", interval=0.2)
-        runs = health._read_json(health.next_runs_path(cfg.pool))["next"]
+        runs = store.read_json(health.next_runs_path(cfg.pool))["next"]
         # each unit fires at its own phase of the interval: no two-second window holds more than a few
         for u in UNITS:
             assert (runs[u] - phase(u, INTERVAL)) % INTERVAL == pytest.approx(0, abs=1e-3)

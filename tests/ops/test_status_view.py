@@ -1,4 +1,4 @@
-"""`drsvc status` as an operator's view (issue 11): whole ids at 80 and 160 columns (piped, as in
+"""`drsvc status` as an operator's view: whole ids at 80 and 160 columns (piped, as in
 `drsvc status | less`), human sizes and durations in UTC, the next scheduled sync, a running
 sync's progress, the secondary's data age, and `--watch` until Ctrl-C. Compare `rbd mirror image
 status` and `zrepl status`, which an operator reads the same way."""

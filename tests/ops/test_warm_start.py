@@ -55,8 +55,8 @@ def test_a_pool_process_has_what_its_tasks_import_before_its_first_task(role):
     """Every module that ``tasks.jobs_for`` and the replication jobs (promote, demote, sync,
     resync, disable) import inside their functions is loaded before the pool forks."""
     want = (_imports_in_functions(ROOT / "workers" / "tasks.py", only={"jobs_for"})
-            | _imports_in_functions(ROOT / "drsvc" / "replication" / "jobs.py"))
-    assert "drsvc.site" in want and "drsvc.replication.pointrestore" in want   # the scan sees them
+            | _imports_in_functions(ROOT / "drsvc" / "replication" / "control" / "jobs.py"))
+    assert "drsvc.site" in want and "drsvc.replication.points.restore" in want   # the scan sees them
     assert not want - _loaded_after_preload(role)
 
 

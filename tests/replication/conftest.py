@@ -29,7 +29,7 @@ def new_sites(root: Path):
 def sha(path) -> str:
     """A digest of the content of an image: holes and zero blocks hash alike, and
     holes are never read (so an 8 GiB thin image is cheap to compare)."""
-    from drsvc.replication.blockmap import ZERO, hash_image
+    from drsvc.replication.common.blockmap import ZERO, hash_image
     blocks = {}
     fd = os.open(path, os.O_RDONLY)
     try:

@@ -17,10 +17,10 @@ import pytest
 from drsvc import store
 from drsvc.errors import DrsvcError
 from drsvc.replication import peer_status, sync_unit
-from drsvc.replication.health import progress_of
-from drsvc.replication.layout import PoolLayout
-from drsvc.replication.snapstore import generation_image
-from drsvc.replication.state import get_state
+from drsvc.replication.sender.progress import progress_of
+from drsvc.layout import PoolLayout
+from drsvc.replication.sender.base_store import generation_image
+from drsvc.replication.common.unit_state import get_state
 from drsvc.transport.local import LocalPeer
 from tests.fixtures.maps import replica_maps
 from tests.fixtures.xfs import free_port, need

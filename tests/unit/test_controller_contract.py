@@ -18,7 +18,7 @@ from drsvc.cluster import NODE_ONLY_OPS, NODE_OPS, ClusterController, ClusterRep
 from drsvc.controller import PoolController
 from drsvc.controller_api import CONTROLLER_OPS, REPLICATION_OPS, Controller, ReplicationControl, operations
 from drsvc.errors import DrsvcError
-from drsvc.replication.api import ReplicationAPI
+from drsvc.replication.control.api import ReplicationAPI
 
 pytestmark = pytest.mark.fast
 

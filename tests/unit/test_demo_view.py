@@ -3,7 +3,7 @@ import re
 
 from rich.console import Console
 
-from drsvc_cli import demo_view
+from drsvc_lab.demo import view as demo_view
 
 MiB = 1 << 20
 

@@ -8,7 +8,7 @@ import pytest
 from csi_plugin.errors import CODE_TABLE, code_for
 from drsvc import errors as E
 from drsvc.dispatch import error_to_dict, raise_from_dict
-from drsvc_cli.main import _EXIT_BY_CODE, EXIT_FAIL
+from drsvc_cli.main import EXIT_BY_CODE, EXIT_FAIL
 
 CATEGORIES = {E.InvalidInput: grpc.StatusCode.INVALID_ARGUMENT, E.NotFound: grpc.StatusCode.NOT_FOUND,
               E.Conflict: grpc.StatusCode.ALREADY_EXISTS, E.OutOfRange: grpc.StatusCode.OUT_OF_RANGE,
@@ -46,7 +46,7 @@ def test_every_error_maps_by_its_category(cls):
 @pytest.mark.parametrize("cls", ALL, ids=lambda c: c.__name__)
 def test_every_error_has_a_cli_exit_code_and_crosses_the_dispatcher(cls):
     code = code_for(_instance(cls))
-    exit_code = _EXIT_BY_CODE.get(code, EXIT_FAIL)
+    exit_code = EXIT_BY_CODE.get(code, EXIT_FAIL)
     assert exit_code != 0
     with pytest.raises(cls) as got:
         raise_from_dict(error_to_dict(_instance(cls)))

@@ -64,7 +64,7 @@ def test_no_shell_and_no_unpinned_host_keys():
 # function alike (an import tucked into a function still ties the two modules together).
 CIRCLE_ROOTS = ("drsvc", "csi_plugin", "workers", "drsvc_cli", "bench", "playbooks/library",
                 "playbooks/module_utils")
-# Circles outside the engine that other branches of issue 22 remove. This list must shrink to
+# Known circles outside the engine, to be removed. This list must shrink to
 # empty: a circle that is gone must leave it, and no circle may join it.
 KNOWN_CIRCLES: set[frozenset] = set()
 
@@ -195,7 +195,7 @@ def _long_functions(paths, limit: int = MAX_FUNCTION_LINES) -> list[str]:
 
 
 def test_no_function_over_60_lines_outside_tests():
-    """Issue 22: a function longer than a screen does several jobs; split it into named steps."""
+    """A function longer than a screen does several jobs; split it into named steps."""
     paths = [p for root in SIZE_ROOTS for p in _py(root) if "gen" not in p.relative_to(ROOT).parts]
     assert len(paths) > 100
     long = _long_functions(paths)
@@ -212,3 +212,144 @@ def test_the_size_check_sees_a_long_function(tmp_path):
         assert [s.split()[1] for s in _long_functions([f])] == ["long"]
     finally:
         ROOT = saved
+
+
+# -- the engine's rooms ----------------------------------------------------------------------------
+# Each room of drsvc/replication and the rooms it may import (docs/design/README.md, "Room map").
+ENGINE = "drsvc.replication"
+ROOMS = {
+    "common": set(),
+    "wire": {"common"},
+    "points": {"common"},
+    "sender": {"common", "wire"},
+    "receiver": {"common", "wire", "points"},
+    "control": {"common", "wire", "points", "sender", "receiver"},
+}
+# Outside the engine, code imports the engine's public surface only: the engine package and
+# each room's package (its __init__ names the room's public names and loads them lazily).
+PUBLIC = {ENGINE} | {f"{ENGINE}.{room}" for room in ROOMS}
+# How many of those modules outside code imports: a room that outside code starts to use (or
+# stops using) changes the engine's surface, and this number with it.
+ENGINE_MODULES_IMPORTED_FROM_OUTSIDE = 6
+OUTSIDE_ROOTS = ("drsvc", "csi_plugin", "workers", "drsvc_cli", "drsvc_lab", "bench", "playbooks")
+
+
+def _room(mod: str) -> str | None:
+    parts = mod.split(".")
+    return parts[2] if mod.startswith(ENGINE + ".") else None
+
+
+def _graph(roots) -> tuple[dict, dict]:
+    mods = {}
+    for root in roots:
+        if (ROOT / root).is_dir():
+            mods.update((_module_name(p), p) for p in _py(root))
+    return mods, {m: _import_edges(m, p, mods) for m, p in mods.items()}
+
+
+def test_every_engine_module_lives_in_a_room():
+    mods, _ = _graph(("drsvc",))
+    homeless = [m for m in mods if m.startswith(ENGINE + ".") and _room(m) not in ROOMS]
+    assert not homeless, homeless
+    assert sorted({_room(m) for m in mods if m.startswith(ENGINE + ".")}) == sorted(ROOMS)
+
+
+def test_rooms_import_only_the_rooms_they_may():
+    """common imports nothing of the engine, the receiver never the sender, points neither
+    side, and nothing inside the engine imports the engine's own package."""
+    _, graph = _graph(("drsvc",))
+    bad = []
+    for mod, targets in graph.items():
+        room = _room(mod)
+        if room is None:
+            continue
+        for t in targets:
+            if t == ENGINE:
+                bad.append(f"{mod} imports the engine package")
+            elif (other := _room(t)) is not None and other != room and other not in ROOMS[room]:
+                bad.append(f"{mod} ({room}) imports {t} ({other})")
+    assert not bad, "\n".join(bad)
+
+
+def _engine_imports_from_outside() -> dict[str, set[str]]:
+    _, graph = _graph(OUTSIDE_ROOTS)
+    out: dict[str, set[str]] = {}
+    for mod, targets in graph.items():
+        if mod == ENGINE or mod.startswith(ENGINE + "."):
+            continue
+        for t in targets:
+            if t == ENGINE or t.startswith(ENGINE + "."):
+                out.setdefault(t, set()).add(mod)
+    return out
+
+
+def test_outside_code_imports_only_the_engines_public_surface():
+    used = _engine_imports_from_outside()
+    inner = {t: sorted(users) for t, users in used.items() if t not in PUBLIC}
+    assert not inner, f"outside code imports engine internals: {inner}"
+    assert len(used) == ENGINE_MODULES_IMPORTED_FROM_OUTSIDE, sorted(used)
+
+
+def test_each_rooms_public_names_resolve():
+    """Every name a room's __init__ lists imports and exists (a lazy table can go stale)."""
+    import importlib
+    for pkg in sorted(PUBLIC):
+        mod = importlib.import_module(pkg)
+        for name in mod.__all__:
+            assert getattr(mod, name) is not None, f"{pkg}.{name}"
+
+
+# -- private names ---------------------------------------------------------------------------------
+PRIVATE_ROOTS = ("drsvc", "csi_plugin", "workers", "drsvc_cli", "drsvc_lab", "bench", "playbooks")
+
+
+def _private_uses(path: Path, mod: str, known) -> list[str]:
+    """``from ours import _x`` and ``ours._x``, where *ours* is a module of this repository."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+    bound: set[str] = set()
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            if _resolve(base, known) is None:
+                continue
+            for a in node.names:
+                if f"{base}.{a.name}" in known:
+                    bound.add(a.asname or a.name)
+                elif a.name.startswith("_") and not a.name.startswith("__"):
+                    out.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {base}.{a.name}")
+        elif isinstance(node, ast.Import):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names if _resolve(a.name, known))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound \
+                and node.attr.startswith("_") and not node.attr.startswith("__"):
+            out.append(f"{path.relative_to(ROOT)}:{node.lineno} uses {node.value.id}.{node.attr}")
+    return out
+
+
+def test_no_private_name_is_used_across_modules():
+    mods = {}
+    for root in PRIVATE_ROOTS:
+        mods.update((_module_name(p), p) for p in _py(root) if "gen" not in p.relative_to(ROOT).parts)
+    bad = [use for m, p in mods.items() for use in _private_uses(p, m, mods)]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_private_name_check_sees_both_forms(tmp_path):
+    pkg = tmp_path / "p"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def _hidden():\n    pass\n")
+    (pkg / "b.py").write_text("from . import a\nfrom .a import _hidden\na._hidden()\n")
+    known = {"p": pkg / "__init__.py", "p.a": pkg / "a.py", "p.b": pkg / "b.py"}
+    global ROOT
+    saved, ROOT = ROOT, tmp_path
+    try:
+        uses = _private_uses(pkg / "b.py", "p.b", known)
+    finally:
+        ROOT = saved
+    assert [u.split(" ", 1)[1] for u in uses] == ["imports p.a._hidden", "uses a._hidden"]

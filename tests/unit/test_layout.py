@@ -5,7 +5,6 @@ import pytest
 
 from drsvc.errors import InvalidInput
 from drsvc.layout import PoolLayout
-from drsvc.replication.layout import PoolLayout as ReplicationLayout
 
 ROOT = Path("/srv/pool")
 L = PoolLayout(ROOT)
@@ -37,7 +36,6 @@ def test_unsafe_ids_never_become_paths(name, bad):
 def test_one_layout_for_pool_and_engine(tmp_path):
     from drsvc.pool import Pool
     pool = Pool(tmp_path)
-    assert ReplicationLayout is PoolLayout
     assert pool.image("v") == pool.layout.image("v") == PoolLayout(tmp_path.resolve()).image("v")
     assert pool.group_meta("g") == tmp_path.resolve() / "groups" / "g.json"
     with pytest.raises(ValueError):

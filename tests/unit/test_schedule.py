@@ -31,7 +31,7 @@ def test_health():
 
 
 def test_phases_spread_units_over_the_interval():
-    """Issue 13: N units with one interval are spread over it by a hash of the unit id
+    """N units with one interval are spread over it by a hash of the unit id
     (not all fired at once), and every scheduler computes the same phase."""
     interval = 60
     phases = [phase(f"vol-{i:06d}", interval) for i in range(6000)]

@@ -1,0 +1,33 @@
+"""The site's control plane of replication: requests in the plugin, jobs in the worker.
+
+- ``api``: what the rest of drsvc calls: the Replication RPCs by (kind, id)
+  (``ReplicationAPI``) and one site's requests and jobs built whole (``build``);
+- ``requests``: the plugin's side: validate, claim the unit, dispatch (``enablement``: the
+  rules of EnableVolumeReplication);
+- ``jobs``: the worker's side, the bodies of the drsvc.<op> tasks;
+- ``relationship``: this site's side of a relationship, as a durable record (control.json);
+- ``read_model``: which units replicate here, their role and health, from durable records;
+- ``health``: a secondary's health from its receive records; the scheduler's next runs;
+- ``peers``: a [peers.<name>] table -> a transport.Peer;
+- ``takeover``: a promote: the received images become the acked base;
+- ``consistency``: a replica's content judged against the primary's (ResyncVolume);
+- ``shipped_snapshots``: the CSI snapshots a primary ships as recovery points.
+
+May import every room.
+"""
+from __future__ import annotations
+
+from ..common.exports import lazy_exports
+
+_EXPORTS = {
+    "ReplicationAPI": "api", "Replication": "api", "build": "api",
+    "KNOWN_PARAMETERS": "requests",
+    "ReplicationStatus": "read_model", "Info": "read_model", "Unit": "read_model",
+    "list_schedules": "read_model", "is_enabled": "read_model",
+    "find_control": "relationship",
+    "next_sync": "health", "write_next_runs": "health",
+    "connect": "peers", "seed_base": "takeover",
+    "JOB_MODULES": "jobs",
+}
+__getattr__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

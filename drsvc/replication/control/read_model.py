@@ -1,0 +1,159 @@
+"""The replication read model: which units replicate here, their role and health.
+
+Reads the pool's durable records only (control.json and the receiver's
+state.json), so the servicers, the CLI's Admin service and /metrics use it
+without a dispatcher or a peer.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...errors import NoSyncYet, NotEnabled, NotPrimary, UnitNotFound
+from ...ids import check_id
+from ...layout import PoolLayout
+from ...schedule import assess
+from ..common import unit_state
+from ..points import index as points
+from .health import secondary_health
+from .relationship import Control, control_from_origin, find_control
+
+
+@dataclass(frozen=True)
+class Unit:
+    kind: str                  # "volume" | "group"
+    unit_id: str
+    members: tuple
+
+
+@dataclass(frozen=True)
+class Info:
+    role: str
+    epoch: int
+    generation: int
+    peer: str
+    interval: int
+    last_sync_time: float
+    last_sync_duration: float
+    last_sync_bytes: int
+    status: str
+    status_message: str
+    lag_seconds: float
+    missed_intervals: int
+    consecutive_failures: int
+    failures_total: int
+    schedule_delay: float = 0.0        # primary: the last scheduled sync's start minus its slot
+    syncs_total: int = 0               # this site's successful syncs as the sender (counter)
+    sent_bytes_total: int = 0          # their bytes on the wire (counter)
+    changed_bytes_total: int = 0       # the data bytes they changed at the peer (counter)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    unit_id: str
+    interval: int
+    start_time: float | None
+
+
+def is_enabled(pool: Path, unit_id: str) -> bool:
+    """Replication exists here: enabled at this site, or a replica received from the peer."""
+    return find_control(pool, unit_id) is not None or unit_state.find_state(pool, unit_id) is not None
+
+
+def list_schedules(pool: Path) -> list[Schedule]:
+    """Units this site must sync on a schedule: enabled and primary here."""
+    out = []
+    root = PoolLayout(pool).replication
+    for path in sorted(root.glob("*/control.json")) if root.exists() else []:
+        c = find_control(pool, path.parent.name)
+        st = unit_state.find_state(pool, path.parent.name)
+        if c is not None and st is not None and st.role == "primary":
+            out.append(Schedule(c.unit_id, c.interval, c.start_time))
+    return out
+
+
+class ReplicationStatus:
+    """Lookups and status of one site's replication units."""
+
+    def __init__(self, site_id: str, pool: Path, volumes, groups):
+        self.site_id = site_id
+        self.pool = Path(pool)
+        self.volumes = volumes
+        self.groups = groups
+
+    def resolve(self, kind: str, ident: str) -> Unit:
+        if kind == "group":
+            g = self.groups.get(check_id(ident, "volume_group_id"))
+            return Unit("group", g.group_id, tuple(g.volume_ids))
+        vol = self.volumes.get_volume(ident)
+        return Unit("volume", vol.volume_id, (vol.volume_id,))
+
+    def is_enabled(self, unit_id: str) -> bool:
+        return is_enabled(self.pool, unit_id)
+
+    def require_enabled(self, unit: Unit) -> Control | None:
+        if not self.is_enabled(unit.unit_id):
+            raise NotEnabled(kind=unit.kind, unit_id=unit.unit_id)
+        return find_control(self.pool, unit.unit_id)
+
+    def info(self, unit: Unit) -> Info:
+        """GetVolumeReplicationInfo: answered by the primary only."""
+        self.require_enabled(unit)
+        st = unit_state.find_state(self.pool, unit.unit_id)
+        if st is None or st.role != "primary":
+            raise NotPrimary(f"{unit.kind} {unit.unit_id} is not primary on site {self.site_id}",
+                             unit_id=unit.unit_id, role=st.role if st else "")
+        info = self.describe(unit.unit_id)
+        if not info.last_sync_time:
+            raise NoSyncYet(unit_id=unit.unit_id)          # the seed's NOT_FOUND, until there is one
+        return info
+
+    def describe(self, unit_id: str) -> Info:
+        """Status for operators, on either role (the CLI and /metrics use it)."""
+        st = unit_state.find_state(self.pool, unit_id)
+        c = find_control(self.pool, unit_id) or (control_from_origin(st) if st else None)
+        if c is None:
+            raise UnitNotFound(f"replication is not enabled for {unit_id}", unit_id=unit_id)
+        role = st.role if st else "primary"
+        last = (c.last_sync_time, c.last_sync_duration, c.last_sync_bytes)
+        if role == "primary":
+            h = assess(now=time.time(), interval=c.interval, enabled_at=c.enabled_at,
+                       last_success=c.last_sync_time + c.last_sync_duration if c.last_sync_time else 0,
+                       consecutive_failures=c.consecutive_failures, last_error=c.last_error,
+                       conflict=c.conflict)
+            status, message, lag, missed = h.status, h.message, h.lag_seconds, h.missed_intervals
+        else:   # the receiving side reports from its receive records: lag is the data age
+            r = secondary_health(st, interval=c.interval, last_sync_time=c.last_sync_time)
+            status, message, lag, missed = r.status, r.message, r.data_age_seconds, r.silent_intervals
+            last = (r.last_received_at, r.last_duration_s, r.last_bytes)
+        return Info(role=role, epoch=st.epoch if st else 0, generation=st.generation if st else 0,
+                    peer=c.peer, interval=c.interval, last_sync_time=last[0],
+                    last_sync_duration=last[1], last_sync_bytes=last[2],
+                    status=status, status_message=message, lag_seconds=lag, missed_intervals=missed,
+                    consecutive_failures=c.consecutive_failures, failures_total=c.failures_total,
+                    schedule_delay=c.last_sync_delay if role == "primary" else 0.0,
+                    syncs_total=c.syncs_total, sent_bytes_total=c.sent_bytes_total,
+                    changed_bytes_total=c.changed_bytes_total)
+
+    def units(self) -> list[str]:
+        root = PoolLayout(self.pool).replication
+        if not root.exists():
+            return []
+        return sorted({p.parent.name for pat in ("*/control.json", "*/state.json") for p in root.glob(pat)})
+
+    def points(self, unit: Unit):
+        """The unit's recovery points at this site, oldest first, and the space they take
+        (drsvc.replication.points.listing): one read of the unit's index."""
+        self.require_enabled(unit)
+        layout = PoolLayout(self.pool)
+        pts, space = points.listing(layout, unit.unit_id, unit.members)
+        idx = points.Index.find(layout, unit.unit_id)
+        return pts, space, (idx.grid if idx else "")
+
+    def kind_of(self, unit_id: str) -> tuple[str, list]:
+        st = unit_state.find_state(self.pool, unit_id)
+        c = find_control(self.pool, unit_id)
+        if st is not None:
+            return st.kind, list(st.members)
+        return (c.kind, list(c.members)) if c else ("volume", [unit_id])

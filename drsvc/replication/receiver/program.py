@@ -1,0 +1,214 @@
+"""The receiver: the only program the replication key may run on the peer.
+
+Run as ``python -m drsvc.replication.receiver --pool POOL`` from an SSH forced
+command; the verb comes from SSH_ORIGINAL_COMMAND (or argv for local use):
+
+    serve                           a warm receiver: says hello, then answers request after
+                                    request (each a `request` control message naming one
+                                    of the verbs below, allowlisted and checked as here)
+    hello                           protocol version and verbs
+    status UNIT                     replica state (recovers an unfinished journal first)
+    apply                           a conversation: status / hashes requests, then one
+                                    delta transaction (begin, records, commit)
+    stripe TOKEN INDEX              carry one stripe of a striped transaction: this channel's
+                                    stream is handed to the transaction's receiver
+                                    (``stripe_join``) until the stripe's end
+    hashes UNIT BLOCK_SIZE VOL...   block hash maps of replica images
+    snaphashes UNIT GENERATION      block hash maps of the acked snapshot (drsvc.replication.control.consistency)
+    release UNIT [keep-image|delete-image]
+
+Anything else is refused (``UnknownVerb``): ``VERBS`` is the one table of verb,
+handler and argument bounds. This module is the program (``main``), the
+dispatch and its I/O; the verb bodies are ``receiver.verbs``, a transaction
+``receiver.transaction``, the replica's state ``receiver.replica``.
+Imports stay lean: this starts once per channel.
+"""
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import socket
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ...errors import DrsvcError, ProtocolError, StreamCorrupt, UnknownVerb
+from ...layout import PoolLayout
+from ..wire import frames
+from ..wire.frames import T_CONTROL, FrameReader
+from . import verbs
+
+_IO_BUF = 1 << 20
+
+
+class Input:
+    """The channel's input, read ahead in blocks of _IO_BUF (``recv(n)``: up to n bytes). The
+    bytes read ahead can be taken (``take_ahead``): a ``stripe`` request hands them, with the
+    descriptor, to the transaction's receiver."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.buf = memoryview(b"")
+
+    def recv(self, n: int) -> bytes:
+        if not self.buf:
+            if n >= _IO_BUF:
+                return os.read(self.fd, n)
+            self.buf = memoryview(os.read(self.fd, _IO_BUF))
+        part, self.buf = self.buf[:n], self.buf[n:]
+        return part
+
+    def take_ahead(self) -> bytes:
+        ahead, self.buf = bytes(self.buf), memoryview(b"")
+        return ahead
+
+
+class Out:
+    """Unbuffered frame writer on a file descriptor or socket."""
+
+    def __init__(self, fd: int = 1, sock: socket.socket | None = None):
+        self.fd, self.sock = fd, sock
+
+    def write(self, data) -> None:
+        if self.sock is not None:
+            self.sock.sendall(data)
+            return
+        mv = memoryview(data)
+        while mv:
+            n = os.write(self.fd, mv)
+            mv = mv[n:]
+
+    def control(self, msg: dict) -> None:
+        self.write(frames.encode_control(msg))
+
+
+Handler = Callable[[PoolLayout, FrameReader, Out, list], None]
+
+
+@dataclass(frozen=True)
+class Verb:
+    handler: Handler
+    min_args: int
+    max_args: int
+
+
+def hello(layout: PoolLayout, reader: FrameReader, out: Out, args: list[str]) -> None:
+    # `version` is the oldest spoken: a version 3 sender accepts no other in a greeting, and
+    # picks 3; a newer one reads `versions` and speaks the highest both list
+    out.control({"type": "hello", "version": min(frames.SUPPORTED_VERSIONS),
+                 "versions": list(frames.SUPPORTED_VERSIONS), "verbs": sorted(VERBS)})
+
+
+def _import_ahead() -> None:
+    """Import what a commit imports lazily, while a warm receiver waits for its first
+    request: numpy (the recovery points' range sets, ``common.ranges``) and zstandard
+    (compressed records). Left to the commit, a fresh receiver's first transaction would
+    pay for them between its commit marker and its answer."""
+    try:
+        import numpy  # noqa: F401
+        import zstandard  # noqa: F401
+    except ImportError:        # the commit raises it, if it ever needs the module
+        pass
+
+
+def serve(layout: PoolLayout, reader: FrameReader, out: Out, args: list[str]) -> None:
+    """Answer requests until the sender closes the channel. Any error ends the
+    process (main reports it typed): the stream may be mid-request."""
+    hello(layout, reader, out, args)
+    threading.Thread(target=_import_ahead, name="drsvc-import-ahead", daemon=True).start()
+    while True:
+        frame = reader.next_frame(eof_ok=True)
+        if frame is None:
+            return
+        if frame[0] != T_CONTROL:
+            raise StreamCorrupt(reason="expected a request")
+        msg = frames.parse_control(frame[1])
+        if msg["type"] != "request":
+            raise ProtocolError(reason=f"expected a request, got {msg['type']!r}")
+        frames.check_version(msg.get("version"))
+        words = msg.get("verb"), *(msg.get("args") or ())
+        if not all(isinstance(w, str) for w in words):
+            raise ProtocolError(reason="a request's verb and arguments are strings")
+        verb, vargs = parse_command(words)
+        if verb == "serve":
+            raise UnknownVerb(verb="serve")
+        VERBS[verb].handler(layout, reader, out, vargs)
+
+
+# The allowlist: verb -> handler and argument count bounds. Anything else is UnknownVerb.
+VERBS: dict[str, Verb] = {
+    "hello": Verb(hello, 0, 0),
+    "serve": Verb(serve, 0, 0),
+    "status": Verb(verbs.status, 1, 1),
+    "apply": Verb(verbs.apply, 0, 0),
+    "stripe": Verb(verbs.stripe, 2, 2),
+    "hashes": Verb(verbs.hashes, 2, 4096),
+    "snaphashes": Verb(verbs.snapshot_hashes, 2, 2),
+    "release": Verb(verbs.release, 1, 2),
+}
+
+
+def parse_command(words) -> tuple[str, list[str]]:
+    if not words:
+        raise UnknownVerb(verb="")
+    verb, args = words[0], list(words[1:])
+    if verb not in VERBS:
+        raise UnknownVerb(verb=verb[:64])
+    v = VERBS[verb]
+    if not v.min_args <= len(args) <= v.max_args:
+        raise ProtocolError(reason=f"{verb} takes {v.min_args}..{v.max_args} arguments, got {len(args)}")
+    return verb, args
+
+
+def _widen_pipe(fd: int) -> None:
+    """sshd hands the stream over a pipe of 64 KiB: a wider one lets it decrypt ahead while
+    this process writes to disk, with fewer wake-ups on both sides. Not a pipe, or a
+    limit below 1 MiB (fs.pipe-max-size): left as it is."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _IO_BUF)
+    except OSError:
+        pass
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="drsvc-receiver")
+    ap.add_argument("--pool", required=True)
+    ap.add_argument("--connect", help="serve over this unix socket instead of stdin/stdout")
+    ap.add_argument("command", nargs="*")
+    opts = ap.parse_args(argv)
+    if opts.connect:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(opts.connect)
+        source = Input(sock.fileno())
+        out = Out(sock=sock)
+    else:
+        _widen_pipe(0)
+        source = Input(0)
+        out = Out(1)
+    words = opts.command or os.environ.get("SSH_ORIGINAL_COMMAND", "").split()
+    reader = FrameReader(source.recv)
+    reader.source = source      # a `stripe` request hands its descriptor and read-ahead on
+    try:
+        verb, args = parse_command(words)
+        VERBS[verb].handler(PoolLayout(opts.pool), reader, out, args)
+        return 0
+    except DrsvcError as e:
+        code = 2
+        err = e
+    except Exception as e:  # reported typed to the sender; the traceback stays here
+        code = 3
+        err = e
+        import traceback
+        traceback.print_exc(file=sys.stderr)
+    try:
+        out.control(frames.error_message(err))
+    except OSError:
+        pass
+    print(f"drsvc-receiver: {err}", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
