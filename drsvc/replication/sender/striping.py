@@ -4,7 +4,7 @@ One SSH session channel carries at most its window per round trip (sshd grants 2
 ~20 MiB/s at 100 ms, whatever the link). A large transaction over a long path is
 therefore spread over N channels: the apply channel (the master) and N - 1 ``stripe``
 channels, dealt over the peer's connections (``Peer.lane``), each a warm receiver that
-hands its stream to the master (``stripe_join``). See docs/architecture.md, "Striped stream".
+hands its stream to the master (``stripe_join``). See docs/design/sender.md, "The striped stream".
 
     N = ceil(1.25 x rate x RTT / window), capped by max_stripes
 

@@ -1,4 +1,4 @@
-"""Wire protocol framing: pure encode/decode, no I/O (see docs/wire-protocol.md).
+"""Wire protocol framing: pure encode/decode, no I/O (see docs/design/wire-protocol.md).
 
 Every frame starts with an 8-byte header ``magic "DR" | type u8 | flags u8 |
 body length u32`` (big endian). Control frames carry one small JSON object;
