@@ -143,6 +143,15 @@ class PoolFull(ResourceExhausted):
     template = "pool has {free} bytes free, {needed} needed"
 
 
+class DrPoolFull(PoolFull):
+    """A sync met a full filesystem at the peer: the transaction's data was removed there, and
+    the replica stays at its last whole generation."""
+    template = ("the DR pool at the peer is full: this sync needs about {needed_text}, {written_text} of it "
+                "had arrived when {free_text} were left ({pool}); the sync's partial data was removed and the "
+                "copy stays at generation {generation}. Free space there (or grow the pool): the next sync "
+                "converges")
+
+
 class BadPageToken(DrsvcError):
     """Mapped to ABORTED by CSI (the spec's code for an invalid starting_token)."""
     template = "invalid starting token {token!r}"

@@ -4,7 +4,10 @@ a forced failover whose old primary comes back writing (split brain). Each is re
 runbook (demote + resync) with only the divergent blocks on the wire."""
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import urllib.request
 
 import pytest
@@ -65,9 +68,19 @@ def test_peer_pool_full(small_peer_lab):
     with store.file_lock(PoolLayout(sa.pool).lock_path(vol), key=vol):
         write_random(sa, vol, count=48, size=1 * MiB, seed=7)
     gens.record(sa, vol)
+    free_before = os.statvfs(sb.pool).f_bavail * os.statvfs(sb.pool).f_frsize
     st = wait_for(lambda: (s := status(A, vol)).status == "DEGRADED" and s, 60, what="DEGRADED")
     print("pool full:", st.status_message)
     assert "space" in st.status_message.lower(), st.status_message
+    # a named error that says how much was needed, not an OSError
+    assert "the DR pool at the peer is full: this sync needs about" in st.status_message, st.status_message
+    assert "Errno" not in st.status_message and "OSError" not in st.status_message
+    rc, doc = _cli(sa, "sync-now", "--volume", vol, "--wait")
+    assert rc != 0 and doc["error"]["code"] == "RESOURCE_EXHAUSTED", doc
+    # the failed transaction's data is gone: the space is there for the other units' syncs
+    assert not PoolLayout(sb.pool).journal_dir(vol).exists()
+    free_after = os.statvfs(sb.pool).f_bavail * os.statvfs(sb.pool).f_frsize
+    assert free_after >= free_before - 1 * MiB, (free_before, free_after)
     # the replica keeps its last whole generation: the bytes from before the filler (a
     # scheduled sync with nothing new may still land a generation of its own under load)
     assert generation(sb, vol) >= before_gen
@@ -78,6 +91,12 @@ def test_peer_pool_full(small_peer_lab):
     wait_for(lambda: status(A, vol).status == "HEALTHY", 120, what="recovery after space is freed")
     wait_synced_after(lab, vol, [vol], timeout=90)
     check_converged(sa, sb, vol, [vol])
+
+
+def _cli(site, *args):
+    p = subprocess.run([sys.executable, "-m", "drsvc_cli.main", *args, "--config", str(site.config_path), "--json"],
+                       capture_output=True, text=True, timeout=300)
+    return p.returncode, json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def _scrape(site) -> str:

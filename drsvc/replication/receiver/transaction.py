@@ -22,6 +22,7 @@ up to the trailer or an ``abort``, and the conversation goes on.
 """
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
@@ -29,6 +30,7 @@ from typing import Protocol
 
 from ...errors import (
     BaseMismatch,
+    DrPoolFull,
     ImageInUse,
     PeerUnreachable,
     ProtocolError,
@@ -93,7 +95,8 @@ def parse_tx(msg: dict) -> dict:
               "round": check_id(msg["round"], "round") if msg.get("round") else None,
               "captured_at": float(msg["captured_at"]) if msg.get("captured_at") is not None else None,
               "version": version, "stripes": _stripes(msg, version),
-              "one_flight": bool(msg.get("one_flight")) and version >= 4}
+              "one_flight": bool(msg.get("one_flight")) and version >= 4,
+              "planned_bytes": max(0, int(msg.get("planned_bytes") or 0))}
     except (KeyError, TypeError, ValueError) as e:
         raise ProtocolError(reason=f"bad begin message: {e!r}") from None
     if not members or len(members) > 0xFFFF or len({m["volume_id"] for m in members}) != len(members):
@@ -230,10 +233,12 @@ class Transaction:
                 if msg["type"] != "commit":
                     raise StreamCorrupt(reason=f"expected commit, got {msg['type']!r}")
                 return self.finish(msg, out)
-        except BaseException:
+        except BaseException as e:
             # stripe threads may still be reading their channels: none may append from here
             # on (the journal is about to be synced and closed under them)
             self.journal.seal()
+            if out_of_space(e) and not self.journal.committed():
+                raise self._pool_full() from None
             self._keep_received()
             raise
         finally:
@@ -364,6 +369,23 @@ class Transaction:
             j.discard()
         return Journal(self.layout, tx["unit"])
 
+    def _pool_full(self) -> DrPoolFull:
+        """A full pool: what arrived is removed rather than kept for a resume (it would hold the
+        space every other unit's sync needs, and the same sync would meet the same wall). The
+        undo copy's files go with the journal; recovery points are left alone."""
+        j, tx = self.journal, self.tx
+        written = _allocated(j.dir)
+        if self.undo is not None:
+            self.undo.close()
+            self.undo = None
+        j.discard()
+        st = find_state(self.layout.root, tx["unit"])
+        free = _free_bytes(self.layout.root)
+        needed = max(tx["planned_bytes"], written)
+        return DrPoolFull(needed=needed, written=written, free=free, pool=str(self.layout.root),
+                          generation=st.generation if st else 0, needed_text=_size(needed),
+                          written_text=_size(written), free_text=_size(free))
+
     def _keep_received(self) -> None:
         """Keep what arrived durable, so the next attempt resumes after it."""
         j = self.journal
@@ -372,3 +394,38 @@ class Transaction:
                 j.sync()
         except Exception:
             pass
+
+
+def out_of_space(exc: BaseException | None) -> bool:
+    """Whether *exc*, or what it was raised from, is a full filesystem (or quota)."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+def _allocated(d) -> int:
+    """Bytes the transaction's files hold on disk (records, data, staging images)."""
+    total = 0
+    for f in d.rglob("*") if d.exists() else ():
+        try:
+            st = f.lstat()
+        except OSError:
+            continue
+        if not os.path.isdir(f):
+            total += st.st_blocks * 512
+    return total
+
+
+def _free_bytes(path) -> int:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
