@@ -66,7 +66,7 @@ class CeleryDispatcher:
             if self._bandwidth is None:
                 r = client(self.cfg.redis_url)
                 shares = 2 * (self.app.conf.worker_concurrency or 2) * max(1, len(self.cfg.nodes))
-                self._bandwidth = RedisBandwidth(r, self.cfg.site, self.cfg.bandwidth_caps, shares=shares)
+                self._bandwidth = RedisBandwidth(r, self.cfg.site, self.cfg.cap_schedules, shares=shares)
             return self._bandwidth
 
     def run(self, op: str, unit_id: str, kwargs: dict, *, wait: float) -> dict:
