@@ -59,12 +59,12 @@ import os
 import re
 import time
 import tomllib
-from urllib.parse import quote, urlsplit, urlunsplit
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .errors import (ConfigInvalid, ConfigNotFound, DrsvcError, NodeNotFound, PeerNotFound, PeerRequired,
                      Unauthenticated, UnsupportedEndpoint)
+from . import redis_url
 from .ids import check_id
 from .rate_schedule import RateSchedule, ScheduleInvalid, is_schedule, parse_schedule, zone
 from .retention import check_grid
@@ -401,20 +401,20 @@ REDIS_PASSWORD_ENV = "DRSVC_REDIS_PASSWORD"
 
 
 def redis_url_with_password(url: str, password: str | None, where: str) -> str:
-    """*url* with the Redis password from the environment (DRSVC_REDIS_PASSWORD), so the password
-    is given once, in a Secret read through env, and never in site.toml. A URL that carries a
-    password of its own, as well as the variable, is refused: two sources would disagree."""
-    if not password:
-        return url
-    parts = urlsplit(url)
-    if parts.password is not None:
+    """*url* (one server, or a Sentinel set: drsvc.redis_url) with the Redis password from the
+    environment (DRSVC_REDIS_PASSWORD), so the password is given once, in a Secret read through
+    env, and never in site.toml. A URL that carries a password of its own, as well as the
+    variable, is refused: two sources would disagree."""
+    try:
+        redis_url.check(url)
+        if not password:
+            return url
+        return redis_url.with_password(url, password)
+    except redis_url.PasswordGivenTwice:
         raise ConfigInvalid(where=where, reason=f"redis_url carries a password and {REDIS_PASSWORD_ENV} is "
-                                                "set too: give it once, in the environment")
-    user = quote(parts.username or "", safe="")
-    host = parts.hostname or ""
-    host = f"[{host}]" if ":" in host else host
-    netloc = f"{user}:{quote(password, safe='')}@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+                                                "set too: give it once, in the environment") from None
+    except redis_url.RedisUrlInvalid as e:
+        raise ConfigInvalid(where=where, reason=str(e)) from None
 
 
 def parse(doc: dict, path: Path | None = None, node: str = "") -> SiteConfig:

@@ -58,6 +58,8 @@ from redis.retry import Retry
 from drsvc.rate_schedule import RateSchedule
 from drsvc.transport.bandwidth import Bandwidth, LocalBandwidth, as_schedule, combine
 
+from .redis_client import connect
+
 log = logging.getLogger(__name__)
 
 GRANT_MIN, GRANT_MAX = 64 << 10, 256 << 10
@@ -107,8 +109,7 @@ def client(url: str) -> redis.Redis:
     """A client for the caps: one try, answered within 1 s or not at all (redis-py's default
     retries ten times with backoff: ~4.5 s on a dead Redis, ~15 s on a hung one), so a sync
     falls back to its process's share at once instead of stalling."""
-    return redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0,
-                                retry=Retry(NoBackoff(), 0))
+    return connect(url, socket_timeout=1.0, socket_connect_timeout=1.0, retry=Retry(NoBackoff(), 0))
 
 
 def grant_size(rate: float) -> int:
