@@ -1,8 +1,8 @@
-"""The README's Prometheus alert rules: valid (`promtool check rules`) and firing when they should
-(`promtool test rules`), for the primary's lag and the DR copy's data age."""
+"""The shipped Prometheus alert rules (deploy/monitoring/drsvc-alerts.rules.yaml): valid
+(`promtool check rules`) and firing when they should (`promtool test rules`), for the primary's
+lag and the DR copy's data age."""
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -10,17 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+RULES = Path(__file__).resolve().parents[2] / "deploy" / "monitoring" / "drsvc-alerts.rules.yaml"
 
 
-def readme_rule_files(tmp_path) -> list[Path]:
-    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", README.read_text(), re.S) if "alert:" in b]
-    out = []
-    for i, b in enumerate(blocks):
-        p = tmp_path / f"rules{i}.yml"
-        p.write_text(b)
-        out.append(p)
-    return out
+def rule_files(tmp_path) -> list[Path]:
+    """The rules files Prometheus is given: the one file deploy/monitoring ships."""
+    return [RULES]
 
 
 def _promtool():
@@ -30,9 +25,9 @@ def _promtool():
     return tool
 
 
-def test_readme_rules_pass_promtool_check(tmp_path):
+def test_rules_pass_promtool_check(tmp_path):
     tool = _promtool()
-    files = readme_rule_files(tmp_path)
+    files = rule_files(tmp_path)
     names = [r["alert"] for f in files for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"]]
     assert "DrsvcDrCopyStale" in names and "DrsvcReplicationLagging" in names
     p = subprocess.run([tool, "check", "rules", *map(str, files)], capture_output=True, text=True)
@@ -41,7 +36,7 @@ def test_readme_rules_pass_promtool_check(tmp_path):
 
 def test_dr_copy_rule_fires_for_an_old_secondary_only(tmp_path):
     tool = _promtool()
-    files = readme_rule_files(tmp_path)
+    files = rule_files(tmp_path)
     dr = [f for f in files if "DrsvcDrCopyStale" in f.read_text()][0]
     lab = 'site="b",kind="volume",peer="a"'
     test = {
