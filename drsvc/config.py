@@ -11,7 +11,9 @@ Example::
     secrets_file = "/etc/drsvc/rpc-secret"              # optional: require secrets.token
     retention = "1x1h(keep=all) | 24x1h | 14x1d | 8x1w"  # recovery points kept at the peer (zrepl grid)
     visibility_timeout = 300                            # redeliver a dead worker's task after this
-    bwlimit = "200mbit"                                 # all syncs of the site together (0: no cap)
+    bwlimit = "200mbit"                                 # all syncs of the site together (0: no cap), or
+    #                                                   # by the hour: "100mbit 08:00-20:00 Mon-Fri, 1gbit"
+    # timezone = "Europe/Berlin"                        # a bwlimit schedule's hours (default UTC)
 
     [peers.b]
     host = "10.0.0.2"
@@ -55,14 +57,16 @@ import hashlib
 import hmac
 import os
 import re
+import time
 import tomllib
-from urllib.parse import quote, urlsplit, urlunsplit
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .errors import (ConfigInvalid, ConfigNotFound, DrsvcError, NodeNotFound, PeerNotFound, PeerRequired,
                      Unauthenticated, UnsupportedEndpoint)
+from . import redis_url
 from .ids import check_id
+from .rate_schedule import RateSchedule, ScheduleInvalid, is_schedule, parse_schedule, zone
 from .retention import check_grid
 
 
@@ -86,6 +90,7 @@ class PeerConfig:
     pool: Path | None = None      # transport "local": the peer's pool on this host
     max_syncs: int = 0            # syncs to this peer at once, site-wide (0: the default rule)
     bwlimit: int = 0              # bytes per second for all syncs to this peer together (0: no cap)
+    bwschedule: RateSchedule | None = None   # bwlimit by the hour (then bwlimit is its default)
     nodes: dict = field(default_factory=dict)   # a multi-node peer: node -> (host, port) of its sshd
     link_rate: float = 0.0        # bytes/s of the path (0: unknown); sizes a large sync's stripes
     connections: int = 2          # SSH connections the stripes of one sync spread over
@@ -149,6 +154,8 @@ class SiteConfig:
     node_call_timeout: float = 30.0   # the controller's wait for one node's answer
     retention: str = ""     # recovery points kept at the peer (a zrepl grid); "": drsvc.retention.DEFAULT_GRID
     bwlimit: int = 0        # bytes per second for all syncs of the site together (0: no cap)
+    bwschedule: RateSchedule | None = None   # bwlimit by the hour (then bwlimit is its default)
+    timezone: str = "UTC"   # the zone a bwlimit schedule's hours are read in
 
     @property
     def multinode(self) -> bool:
@@ -223,14 +230,20 @@ class SiteConfig:
             return p.max_syncs
         return max(1, concurrency - 1) if len(self.peers) > 1 else 0
 
-    def bandwidth_caps(self, peer: str) -> dict[str, int]:
-        """The shared caps a sync to *peer* is under, name -> bytes per second, the peer's
-        before the site's (a sync takes from each in this order); empty: no cap."""
+    def cap_schedules(self, peer: str) -> dict[str, RateSchedule]:
+        """The shared caps a sync to *peer* may be under, name -> its schedule, the peer's
+        before the site's (a sync takes from each in this order); a cap that never caps
+        anything is left out."""
         p = self.peers.get(peer)
-        caps = {f"peer:{peer}": p.bwlimit} if p is not None and p.bwlimit else {}
-        if self.bwlimit:
-            caps["site"] = self.bwlimit
-        return caps
+        named = [(f"peer:{peer}", schedule_of(p)) if p is not None else ("", None), ("site", schedule_of(self))]
+        return {name: sch for name, sch in named if sch is not None and sch.ever_capped}
+
+    def bandwidth_caps(self, peer: str, at: float | None = None) -> dict[str, int]:
+        """The caps in force at *at* (now) for a sync to *peer*, name -> bytes per second, in
+        the order of cap_schedules; empty: no cap."""
+        t = time.time() if at is None else at
+        caps = {name: sch.rate_at(t) for name, sch in self.cap_schedules(peer).items()}
+        return {name: rate for name, rate in caps.items() if rate}
 
     def check_secrets(self, secrets: dict) -> None:
         """When a secrets file is configured, RPCs must carry secrets['token'] matching it."""
@@ -241,6 +254,12 @@ class SiteConfig:
         if not given or not hmac.compare_digest(hashlib.sha256(given).digest(),
                                                 hashlib.sha256(expected).digest()):
             raise Unauthenticated("the request's secrets do not carry a valid token")
+
+
+def schedule_of(holder) -> RateSchedule | None:
+    if holder.bwschedule is not None:
+        return holder.bwschedule
+    return RateSchedule.constant(holder.bwlimit) if holder.bwlimit else None
 
 
 def socket_path(endpoint: str) -> Path:
@@ -279,6 +298,24 @@ def parse_bwlimit(value, where: str, key: str = "bwlimit") -> int:
     return rate
 
 
+def parse_cap(value, where: str, tz, key: str = "bwlimit") -> tuple[int, RateSchedule | None]:
+    """A cap that may follow the clock (drsvc.rate_schedule): -> (the default rate, the
+    schedule, or None for a plain rate). Each rate in a schedule is read as parse_bwlimit
+    reads one."""
+    if not isinstance(value, str) or not is_schedule(value):
+        return parse_bwlimit(value, where, key), None
+    def rate_of(text: str) -> int:
+        try:
+            return parse_bwlimit(text, where, key)
+        except ConfigInvalid as e:
+            raise ScheduleInvalid(f"rate {text!r}: {e.fields['reason']}") from None
+    try:
+        sch = parse_schedule(value, rate_of, tz)
+    except ScheduleInvalid as e:
+        raise ConfigInvalid(where=where, reason=f"{key} = {value!r}: {e}") from None
+    return sch.default, sch
+
+
 def _rate_of(text: str, where: str, key: str) -> int:
     m = _RATE.fullmatch(text.lower())
     if m is None or (m.group(2) and m.group(2) not in _RATE_UNITS):
@@ -293,7 +330,7 @@ def _req(doc: dict, key: str, where: str):
     return doc[key]
 
 
-def _peer(name: str, p: dict, where: str, rel) -> PeerConfig:
+def _peer(name: str, p: dict, where: str, rel, tz) -> PeerConfig:
     transport = p.get("transport", "ssh")
     if transport not in TRANSPORT_KEYS:
         raise ConfigInvalid(where=where, reason=f"unknown transport {transport!r}; known: {sorted(TRANSPORT_KEYS)}")
@@ -311,9 +348,10 @@ def _peer(name: str, p: dict, where: str, rel) -> PeerConfig:
     counts = {k: _whole(p, k, default, low, where) for k, default, low in
               (("max_syncs", 0, 0), ("connections", 2, 1), ("max_stripes", 16, 1), ("window", 2 << 20, 32 << 10),
                ("stripes", 0, 0))}
+    bwlimit, bwschedule = parse_cap(p.get("bwlimit", 0), where, tz)
     return PeerConfig(name=name, host=p.get("host", ""), port=int(p.get("port", 22)), user=p.get("user", "root"),
                       known_hosts=path("known_hosts"), key=path("key"), transport=transport, pool=path("pool"),
-                      nodes=nodes, bwlimit=parse_bwlimit(p.get("bwlimit", 0), where),
+                      nodes=nodes, bwlimit=bwlimit, bwschedule=bwschedule,
                       link_rate=float(parse_bwlimit(p.get("link_rate", 0), where, "link_rate")), **counts)
 
 
@@ -363,20 +401,20 @@ REDIS_PASSWORD_ENV = "DRSVC_REDIS_PASSWORD"
 
 
 def redis_url_with_password(url: str, password: str | None, where: str) -> str:
-    """*url* with the Redis password from the environment (DRSVC_REDIS_PASSWORD), so the password
-    is given once, in a Secret read through env, and never in site.toml. A URL that carries a
-    password of its own, as well as the variable, is refused: two sources would disagree."""
-    if not password:
-        return url
-    parts = urlsplit(url)
-    if parts.password is not None:
+    """*url* (one server, or a Sentinel set: drsvc.redis_url) with the Redis password from the
+    environment (DRSVC_REDIS_PASSWORD), so the password is given once, in a Secret read through
+    env, and never in site.toml. A URL that carries a password of its own, as well as the
+    variable, is refused: two sources would disagree."""
+    try:
+        redis_url.check(url)
+        if not password:
+            return url
+        return redis_url.with_password(url, password)
+    except redis_url.PasswordGivenTwice:
         raise ConfigInvalid(where=where, reason=f"redis_url carries a password and {REDIS_PASSWORD_ENV} is "
-                                                "set too: give it once, in the environment")
-    user = quote(parts.username or "", safe="")
-    host = parts.hostname or ""
-    host = f"[{host}]" if ":" in host else host
-    netloc = f"{user}:{quote(password, safe='')}@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+                                                "set too: give it once, in the environment") from None
+    except redis_url.RedisUrlInvalid as e:
+        raise ConfigInvalid(where=where, reason=str(e)) from None
 
 
 def parse(doc: dict, path: Path | None = None, node: str = "") -> SiteConfig:
@@ -387,10 +425,16 @@ def parse(doc: dict, path: Path | None = None, node: str = "") -> SiteConfig:
         p = Path(p)
         return p if p.is_absolute() else base / p
 
+    tz_name = str(doc.get("timezone", "UTC"))
+    try:
+        tz = zone(tz_name)
+    except ScheduleInvalid as e:
+        raise ConfigInvalid(where=where, reason=str(e)) from None
     peers = {}
     for name, p in (doc.get("peers") or {}).items():
         check_id(name, "peer name")
-        peers[name] = _peer(name, p, f"{where} [peers.{name}]", rel)
+        peers[name] = _peer(name, p, f"{where} [peers.{name}]", rel, tz)
+    bwlimit, bwschedule = parse_cap(doc.get("bwlimit", 0), where, tz)
     nodes = {}
     for name, n in (doc.get("nodes") or {}).items():
         nodes[name] = _node(name, n, f"{where} [nodes.{name}]", rel)
@@ -409,7 +453,7 @@ def parse(doc: dict, path: Path | None = None, node: str = "") -> SiteConfig:
                       zone=check_id(doc["zone"], "zone") if doc.get("zone") else "", nodes=nodes,
                       node_call_timeout=float(doc.get("node_call_timeout", 30.0)),
                       retention=_retention(doc, where),
-                      bwlimit=parse_bwlimit(doc.get("bwlimit", 0), where))
+                      bwlimit=bwlimit, bwschedule=bwschedule, timezone=tz_name)
     return cfg.for_node(node) if node else cfg
 
 

@@ -9,6 +9,7 @@ from . import changes
 from .client import RpcFailed
 from .context import client, unit as resolve_unit
 from .errors import EXIT_OK, EXIT_RETRY, Refused
+from .site_promote import PARALLEL
 
 _RPC = {"enable": "EnableVolumeReplication", "disable": "DisableVolumeReplication",
         "promote": "PromoteVolume", "demote": "DemoteVolume"}
@@ -72,6 +73,9 @@ def cmd_disable(args, out):
 
 def cmd_role(args, out):
     """promote and demote."""
+    if getattr(args, "all", False):
+        from .site_promote import cmd_promote_all
+        return cmd_promote_all(args, out)
     with client(args) as c:
         unit, site = resolve_unit(args, c), c.site()
         before = status_or_none(c, unit)
@@ -147,6 +151,10 @@ def add_parsers(sub, common, unit_args) -> None:
             p.add_argument("--force", action="store_true", help="promote with the peer unreachable (fences it)")
             p.add_argument("--point", help="take over at this recovery point: a generation, or an RFC 3339 time "
                                            "(the newest point at or before it); see `drsvc points`")
+            p.add_argument("--all", action="store_true",
+                           help="every unit this site holds as secondary, concurrently (a site failover)")
+            p.add_argument("--dry-run", action="store_true", help="with --all: list what would be promoted")
+            p.add_argument("--parallel", type=int, default=PARALLEL, help="with --all: promotes in flight at once")
         p.set_defaults(fn=fn, needs_unit=True)
     p = sub.add_parser("resync", parents=[common, unit_args],
                        help="check this copy against the primary; with --force discard divergence and follow it")

@@ -104,6 +104,13 @@ def unauthenticated_hint(args) -> str:
 
 
 def check_unit_args(args) -> None:
+    if getattr(args, "all", False):
+        if args.volume or args.group or getattr(args, "point", None):
+            raise UsageError("--all takes every unit held here as secondary: give it without --volume, "
+                             "--group or --point")
+        return
+    if getattr(args, "dry_run", False):
+        raise UsageError("--dry-run goes with --all")
     if bool(args.volume) == bool(args.group):
         raise UsageError("give exactly one of --volume or --group")
 

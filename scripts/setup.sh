@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
-pkgs=(redis-server openssh-server openssh-client xfsprogs e2fsprogs util-linux mount rsync btrfs-progs iproute2 kmod procps prometheus chromium)
+pkgs=(redis-server redis-sentinel openssh-server openssh-client xfsprogs e2fsprogs util-linux mount rsync btrfs-progs iproute2 kmod procps prometheus chromium)
 # kubectl renders deploy/ (`kubectl kustomize`, tests/ops/test_deploy.py): Debian's kubernetes-client,
 # unless a kubectl is installed already (another package that ships /usr/bin/kubectl conflicts with it)
 command -v kubectl >/dev/null 2>&1 || pkgs+=(kubernetes-client)

@@ -9,6 +9,7 @@ from celery.app.amqp import AMQP
 from drsvc.config import SiteConfig
 
 from . import tasks
+from .redis_client import celery_settings
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +89,8 @@ class LabelledAMQP(AMQP):
 
 def make_app(cfg: SiteConfig) -> Celery:
     _survive_broker_loss()
-    app = Celery(f"drsvc-{cfg.site}", broker=cfg.redis_url, backend=cfg.redis_url, amqp=LabelledAMQP)
+    redis = celery_settings(cfg.redis_url)
+    app = Celery(f"drsvc-{cfg.site}", broker=redis["broker_url"], backend=redis["result_backend"], amqp=LabelledAMQP)
     app.conf.update(
         task_default_queue=cfg.queue,
         task_acks_late=True,                # a worker killed mid-sync gets the task redelivered
@@ -108,7 +110,9 @@ def make_app(cfg: SiteConfig) -> Celery:
         broker_transport_options={"visibility_timeout": cfg.visibility_timeout,
                                   "unacked_restore_interval": max(1, min(10, cfg.visibility_timeout // 4)),
                                   "unacked_restore_throttle": 1,
-                                  "unacked_mutex_expire": max(5, min(30, cfg.visibility_timeout // 2))},
+                                  "unacked_mutex_expire": max(5, min(30, cfg.visibility_timeout // 2)),
+                                  **redis["transport"]},
+        result_backend_transport_options=redis["transport"],
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
     )

@@ -35,6 +35,11 @@ at once (``shares``: both workers' processes, on every node), so the site stays 
 cap if every process does the same; it asks Redis again 5 s later. A warning says so.
 Priority is not kept meanwhile.
 
+**By the hour.** A cap may be a schedule (``drsvc.rate_schedule``): each bucket reads the
+rate in force at every grant, so a running sync changes speed at the boundary. The bucket's
+state in Redis is an instant, not a count of bytes, so it carries across a change of rate;
+an hour with no cap (rate 0) passes the sends through without a Redis call.
+
 **No cap** (``bwlimit`` 0 or absent): no bucket, no Redis call; the sync's channels are
 not even wrapped.
 """
@@ -50,7 +55,10 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from drsvc.transport.bandwidth import Bandwidth, LocalBandwidth, TokenBucket, combine
+from drsvc.rate_schedule import RateSchedule
+from drsvc.transport.bandwidth import Bandwidth, LocalBandwidth, as_schedule, combine
+
+from .redis_client import connect
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +109,7 @@ def client(url: str) -> redis.Redis:
     """A client for the caps: one try, answered within 1 s or not at all (redis-py's default
     retries ten times with backoff: ~4.5 s on a dead Redis, ~15 s on a hung one), so a sync
     falls back to its process's share at once instead of stalling."""
-    return redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0,
-                                retry=Retry(NoBackoff(), 0))
+    return connect(url, socket_timeout=1.0, socket_connect_timeout=1.0, retry=Retry(NoBackoff(), 0))
 
 
 def grant_size(rate: float) -> int:
@@ -115,21 +122,36 @@ class RedisBucket:
     """One sync's share of one shared cap (``drsvc.transport.bandwidth.Bandwidth``): what
     is left of its last grant, and the grants it asks the site's bucket for."""
 
-    def __init__(self, r: redis.Redis, key: str, rate: float, *, unit_id: str, fallback: TokenBucket,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
-        self.r, self.key, self.rate, self.unit_id = r, key, float(rate), unit_id
+    def __init__(self, r: redis.Redis, key: str, rate: float | RateSchedule, *, unit_id: str, fallback: Bandwidth,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 wall: Callable[[], float] = time.time):
+        self.r, self.key, self.unit_id = r, key, unit_id
+        self.schedule = as_schedule(rate)
         self.priority_key = f"{key}:priority"
-        self.grant = grant_size(rate)
-        self.burst = max(self.grant, rate / 10)
+        self.rate, self.grant, self.burst, self.credit = 0.0, 0, 0.0, 0
+        self._wall = wall
+        self._follow_schedule()
         self.fallback = fallback
-        self.credit = 0
         self._script = r.register_script(_TAKE)
         self._clock, self._sleep = clock, sleep
         self._local_until = 0.0
         self._lock = threading.Lock()     # the stripes of one sync take in turn
 
+    def _follow_schedule(self) -> float:
+        """The rate in force now; a change resizes the grants, and takes effect with the next
+        one (the bucket's schedule in Redis is in seconds, so it carries across)."""
+        rate = float(self.schedule.rate_at(self._wall()))
+        if rate != self.rate:
+            self.rate = rate
+            self.grant = grant_size(rate) if rate else 0
+            self.burst = max(self.grant, rate / 10)
+            self.credit = min(self.credit, self.grant)
+        return rate
+
     def take(self, nbytes: int) -> None:
         with self._lock:
+            if not self._follow_schedule():
+                return                    # no cap at this hour
             while self.credit < nbytes:
                 self.credit += self._ask(max(self.grant, nbytes - self.credit))
             self.credit -= nbytes
@@ -213,15 +235,16 @@ class RedisBandwidth:
     takes cap / shares through a bucket of its own (one per cap, for every sync of the
     process)."""
 
-    def __init__(self, r: redis.Redis, site: str, caps: Callable[[str], dict[str, int]], *, shares: int):
+    def __init__(self, r: redis.Redis, site: str, caps: Callable[[str], dict[str, int | RateSchedule]], *,
+                 shares: int):
         self.r, self.caps, self.shares = r, caps, max(1, int(shares))
         self.prefix = f"drsvc:{site}:bw:"
         self.local = LocalBandwidth(caps)
 
     def limiter(self, unit_id: str, peer: str) -> Bandwidth | None:
-        return combine(*(RedisBucket(self.r, self.prefix + name, rate, unit_id=unit_id,
-                                     fallback=self.local.bucket(name, max(1, rate // self.shares)))
-                         for name, rate in self.caps(peer).items()))
+        return combine(*(RedisBucket(self.r, self.prefix + name, cap, unit_id=unit_id,
+                                     fallback=self.local.bucket(name, cap, share=self.shares))
+                         for name, cap in self.caps(peer).items()))
 
     def priority(self, unit_id: str, peer: str) -> AbstractContextManager:
         keys = [f"{self.prefix}{name}:priority" for name in self.caps(peer)]

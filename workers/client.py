@@ -17,6 +17,7 @@ from drsvc.errors import (BrokerUnreachable, DrsvcError, NodeUnreachable, NotGro
 
 from . import inflight, presence
 from .bandwidth import RedisBandwidth, client
+from .redis_client import connect
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ class CeleryDispatcher:
     def __init__(self, app: Celery):
         self.app = app
         self.cfg = app.drsvc_config
-        self.redis = redis.Redis.from_url(self.cfg.redis_url, socket_timeout=10)
+        self.redis = connect(self.cfg.redis_url, socket_timeout=10)
         self._bandwidth: RedisBandwidth | None = None
         self._bandwidth_lock = threading.Lock()
 
@@ -66,7 +67,7 @@ class CeleryDispatcher:
             if self._bandwidth is None:
                 r = client(self.cfg.redis_url)
                 shares = 2 * (self.app.conf.worker_concurrency or 2) * max(1, len(self.cfg.nodes))
-                self._bandwidth = RedisBandwidth(r, self.cfg.site, self.cfg.bandwidth_caps, shares=shares)
+                self._bandwidth = RedisBandwidth(r, self.cfg.site, self.cfg.cap_schedules, shares=shares)
             return self._bandwidth
 
     def run(self, op: str, unit_id: str, kwargs: dict, *, wait: float) -> dict:
@@ -155,7 +156,7 @@ class NodeDispatcher:
     def __init__(self, app: Celery):
         self.app = app
         self.cfg = app.drsvc_config
-        self.redis = redis.Redis.from_url(self.cfg.redis_url, socket_timeout=10)
+        self.redis = connect(self.cfg.redis_url, socket_timeout=10)
 
     def _send(self, node: str, op: str, kwargs: dict, wait: float):
         return self.app.send_task("drsvc.node", args=[op, kwargs], queue=self.cfg.api_queue(node),

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 
 from prometheus_client import start_http_server
 from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily
@@ -88,6 +89,44 @@ class ReplicationCollector:
         yield from g.values()
         yield from (role, health, failures, syncs, sent, changed)
         yield from points.values()
+        yield from site_families(self.cfg)
+
+
+PEER_PROBE_S = 0.5      # a peer's sshd that does not accept a TCP connection in this long is unreachable
+
+
+def site_families(cfg: SiteConfig) -> list:
+    """The site's own gauges: its pool's size and free space (a DR pool that fills up fails
+    every sync into it), and whether each peer's sshd accepts a TCP connection from here."""
+    size = GaugeMetricFamily("drsvc_pool_size_bytes", "Size of the filesystem that holds this site's pool",
+                             labels=["site", "node"])
+    free = GaugeMetricFamily("drsvc_pool_free_bytes", "Bytes free for this site's pool on its filesystem",
+                             labels=["site", "node"])
+    try:
+        st = os.statvfs(cfg.pool)
+        size.add_metric([cfg.site, cfg.node_id], st.f_blocks * st.f_frsize)
+        free.add_metric([cfg.site, cfg.node_id], st.f_bavail * st.f_frsize)
+    except OSError as e:
+        log.warning("pool %s: %s", cfg.pool, e.strerror or e)
+    up = GaugeMetricFamily("drsvc_peer_reachable", "1 when the peer's sshd accepted a TCP connection from this "
+                           f"site at the scrape (within {PEER_PROBE_S}s); 0 when not", labels=["site", "peer", "address"])
+    for name, peer in sorted(cfg.peers.items()):
+        for address, ok in _probe(peer):
+            up.add_metric([cfg.site, name, address], 1.0 if ok else 0.0)
+    return [size, free, up]
+
+
+def _probe(peer) -> list[tuple[str, bool]]:
+    if peer.transport == "local":
+        return [(str(peer.pool), bool(peer.pool) and os.path.isdir(peer.pool))]
+    out = []
+    for host, port in (list(peer.nodes.values()) or [(peer.host, peer.port)]):
+        try:
+            socket.create_connection((host, port), timeout=PEER_PROBE_S).close()
+            out.append((f"{host}:{port}", True))
+        except OSError:
+            out.append((f"{host}:{port}", False))
+    return out
 
 
 # -- recovery points --------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from drsvc.pool import Pool
 from drsvc.schedule import catch_up, phase, slot_at_or_before
 from drsvc.replication.control import list_schedules, write_next_runs
 
+from .redis_client import connect
 from .tasks import sync_marker
 from .titles import set_title
 
@@ -48,7 +49,7 @@ def enqueue_sync(config_path: str, unit_id: str, interval: int, ph: float | None
     multi-node site each node has its scheduler, over its pool, queueing to its queue."""
     app = _app(config_path, node)
     cfg = app.drsvc_config
-    r = redis.Redis.from_url(cfg.redis_url, socket_timeout=10)
+    r = connect(cfg.redis_url, socket_timeout=10)
     # the marker outlives a dead worker only until its task would be redelivered
     ttl = max(30, min(3 * interval, cfg.visibility_timeout))
     if not r.set(sync_marker(cfg.scope, unit_id), "1", nx=True, ex=ttl):
@@ -67,7 +68,7 @@ class SiteScheduler:
         self.heartbeat = Path(heartbeat) if heartbeat else None   # touched every loop (workers/probe.py)
         self.identity = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.reconcile_every = reconcile_every
-        self.redis = redis.Redis.from_url(cfg.redis_url, socket_timeout=5)
+        self.redis = connect(cfg.redis_url, socket_timeout=5)
         self.sched: BackgroundScheduler | None = None
         self.stop = threading.Event()
         self._published: dict | None = None

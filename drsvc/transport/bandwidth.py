@@ -20,6 +20,8 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol
 
+from ..rate_schedule import RateSchedule
+
 
 class Bandwidth(Protocol):
     def take(self, nbytes: int) -> None:
@@ -94,25 +96,68 @@ class SiteBandwidth(Protocol):
         caps (a Demote's final sync): meanwhile the others get no bandwidth."""
 
 
+def as_schedule(cap: int | RateSchedule) -> RateSchedule:
+    """A cap as the buckets take it: a plain rate is a schedule of one entry."""
+    return cap if isinstance(cap, RateSchedule) else RateSchedule.constant(int(cap))
+
+
+class ScheduledBucket:
+    """A :class:`TokenBucket` whose rate follows a schedule (``bwlimit`` by the hour),
+    divided by *share*: at each take it reads the rate in force, and when that changed it
+    starts a bucket at the new rate, so a running sync changes speed at the boundary. A
+    rate of 0 (no cap at this hour) lets everything through."""
+
+    def __init__(self, schedule: RateSchedule, share: int = 1, *, wall: Callable[[], float] = time.time,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+        self.schedule, self.share = schedule, max(1, int(share))
+        self._wall, self._clock, self._sleep = wall, clock, sleep
+        self._bucket: TokenBucket | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def rate(self) -> float:
+        """Bytes per second allowed now (0: no cap)."""
+        r = self.schedule.rate_at(self._wall())
+        return max(1, r // self.share) if r else 0
+
+    def _current(self) -> TokenBucket | None:
+        rate = self.rate
+        with self._lock:
+            if not rate:
+                self._bucket = None
+            elif self._bucket is None or self._bucket.rate != rate:
+                self._bucket = TokenBucket(rate, clock=self._clock, sleep=self._sleep)
+            return self._bucket
+
+    def take(self, nbytes: int) -> None:
+        bucket = self._current()
+        if bucket is not None:
+            bucket.take(nbytes)
+
+
 class LocalBandwidth:
     """:class:`SiteBandwidth` for syncs that all run in this process: one bucket per cap,
     shared by every sync of the process. Priority needs the shared implementation
-    (``workers.bandwidth``); here it is not kept."""
+    (``workers.bandwidth``); here it is not kept. *caps* gives a peer's caps, name -> a
+    rate or a :class:`RateSchedule` (``SiteConfig.cap_schedules``)."""
 
-    def __init__(self, caps: Callable[[str], dict[str, int]]):
+    def __init__(self, caps: Callable[[str], dict[str, int | RateSchedule]]):
         self.caps = caps
-        self._buckets: dict[tuple[str, int], TokenBucket] = {}
+        self._buckets: dict[tuple[str, str, int], ScheduledBucket] = {}
         self._lock = threading.Lock()
 
-    def bucket(self, name: str, rate: int) -> TokenBucket:
-        """The process's bucket for cap *name* at *rate* (the same object every time)."""
+    def bucket(self, name: str, cap: int | RateSchedule, share: int = 1) -> ScheduledBucket:
+        """The process's bucket for cap *name* (the same object every time), at its rate
+        divided by *share*."""
+        schedule = as_schedule(cap)
+        key = (name, schedule.text, share)
         with self._lock:
-            if (name, rate) not in self._buckets:
-                self._buckets[(name, rate)] = TokenBucket(rate)
-            return self._buckets[(name, rate)]
+            if key not in self._buckets:
+                self._buckets[key] = ScheduledBucket(schedule, share)
+            return self._buckets[key]
 
     def limiter(self, unit_id: str, peer: str) -> Bandwidth | None:
-        return combine(*(self.bucket(name, rate) for name, rate in self.caps(peer).items()))
+        return combine(*(self.bucket(name, cap) for name, cap in self.caps(peer).items()))
 
     def priority(self, unit_id: str, peer: str) -> AbstractContextManager:
         return nullcontext()

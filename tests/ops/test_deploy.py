@@ -37,7 +37,7 @@ COMPONENTS = sorted(p.name for p in (DEPLOY / "components").iterdir() if (p / "k
 K8S_VERSION = "1.34.0"      # VolumeAttributesClass is storage.k8s.io/v1 from 1.34 on
 # kinds of CRDs the prerequisites install: no schema in kubernetes-validate, skipped by name
 CRD_KINDS = {"VolumeSnapshotClass", "VolumeGroupSnapshotClass", "VolumeReplicationClass",
-             "VolumeGroupReplicationClass", "Issuer", "Certificate", "SnapshotMetadataService"}
+             "VolumeGroupReplicationClass", "Issuer", "Certificate", "SnapshotMetadataService", "PrometheusRule"}
 
 # (apiGroup, resource, verbs) each sidecar's upstream RBAC file asks for (docstring)
 LEASES = ("coordination.k8s.io", "leases", {"get", "watch", "list", "delete", "update", "create"})
@@ -272,6 +272,7 @@ def test_components_change_what_they_say(renders):
     assert "csi-snapshot-metadata" not in containers("site-a")
     assert "csi-snapshot-metadata" in containers("site-a+snapshot-metadata")
     assert "--feature-gates=VolumeAttributesClass=true" in containers("site-a+volume-attributes")["csi-resizer"]["args"]
+    assert [o["metadata"]["name"] for o in renders["site-a+monitoring"] if o["kind"] == "PrometheusRule"] == ["drsvc"]
     m = renders["multinode-site-a"]
     assert containers("multinode-site-a")["drsvc"]["command"][-2:] == ["--role", "controller"]
     assert not {"drsvc-worker", "drsvc-metrics"} & {o["metadata"]["name"] for o in m if o["kind"] == "Deployment"}

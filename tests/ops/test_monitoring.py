@@ -241,6 +241,7 @@ def test_one_scheduler_acts(lab):
 
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "drsvc-dashboard.json"
+ALERT_RULES = Path(__file__).resolve().parents[2] / "deploy" / "monitoring" / "drsvc-alerts.rules.yaml"
 
 
 def _names(scraped: dict) -> set:
@@ -297,6 +298,8 @@ def test_counters_data_age_and_the_dashboard(lab):
     try:
         wait_for(lambda: Metrics(scrape(sa.cfg.metrics_port))[f'drsvc_replication_syncs_total{{{ka},result="failure"}}']
                  >= 1, 90, what="a failed sync counted")
+        reach = f'drsvc_peer_reachable{{site="a",peer="b",address="127.0.0.1:{sb.sshd_port}"}}'
+        assert Metrics(scrape(sa.cfg.metrics_port))[reach] == 0
     finally:
         lab.start_sshd("b")
 
@@ -310,4 +313,10 @@ def test_counters_data_age_and_the_dashboard(lab):
     queried = set(re.findall(r"\b(drsvc_[a-z_]+)", DASHBOARD.read_text()))
     served = _names(m2) | _names(mb)
     assert queried and queried <= served, f"the dashboard queries {sorted(queried - served)}, not on /metrics"
+    ruled = set(re.findall(r"\b(drsvc_[a-z_]+)", ALERT_RULES.read_text()))
+    assert ruled and ruled <= served, f"the alert rules read {sorted(ruled - served)}, not on /metrics"
+    # the site's own gauges: its pool's space, and its peer reached
+    assert 0 < m2[f'drsvc_pool_free_bytes{{site="a",node="{sa.cfg.node_id}"}}'] \
+        <= m2[f'drsvc_pool_size_bytes{{site="a",node="{sa.cfg.node_id}"}}']
+    assert m2[f'drsvc_peer_reachable{{site="a",peer="b",address="127.0.0.1:{sb.sshd_port}"}}'] == 1
     json.loads(DASHBOARD.read_text())

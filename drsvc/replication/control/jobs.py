@@ -116,7 +116,7 @@ class ReplicationJobs:
         (``workers.bandwidth``), else buckets of this process alone."""
         if self._bandwidth is None:
             make = getattr(self.dispatcher, "bandwidth", None)
-            self._bandwidth = make() if make is not None else LocalBandwidth(self.cfg.bandwidth_caps)
+            self._bandwidth = make() if make is not None else LocalBandwidth(self.cfg.cap_schedules)
         return self._bandwidth
 
     def _limiter(self, c: Control):

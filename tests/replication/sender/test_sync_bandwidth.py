@@ -52,8 +52,9 @@ from drsvc.transport.local import LocalPeer
 from workers.bandwidth import RedisBandwidth, client
 
 a, b, unit, port, cap, out, priority, own = sys.argv[1:]
-cfg = parse({"site": "a", "pool": a, "bwlimit": int(cap), "peers": {"b": {"transport": "local", "pool": b}}})
-site = RedisBandwidth(client(f"redis://127.0.0.1:{port}/0"), cfg.site, cfg.bandwidth_caps, shares=8)
+cfg = parse({"site": "a", "pool": a, "bwlimit": int(cap) if cap.isdigit() else cap,
+             "peers": {"b": {"transport": "local", "pool": b}}})
+site = RedisBandwidth(client(f"redis://127.0.0.1:{port}/0"), cfg.site, cfg.cap_schedules, shares=8)
 marks = []
 
 
@@ -81,9 +82,9 @@ class Sender:
     """One sync in a process of its own, started when told to."""
 
     def __init__(self, a: Path, b: Path, unit: str, port: int, out: Path, *, priority: bool = False,
-                 own: int = 0):
+                 own: int = 0, cap: str = str(CAP)):
         self.unit, self.out = unit, out
-        self.proc = subprocess.Popen([sys.executable, "-c", SENDER, str(a), str(b), unit, str(port), str(CAP),
+        self.proc = subprocess.Popen([sys.executable, "-c", SENDER, str(a), str(b), unit, str(port), cap,
                                       str(out), "1" if priority else "0", str(own)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert self.proc.stdout.readline() == b"ready\n"      # imports done
@@ -146,6 +147,36 @@ def test_four_concurrent_syncs_in_four_processes_hold_the_site_cap(xfs_mod, tmp_
     assert 0.9 <= ratio <= 1.1
     # served in the order asked: no sync starves, none takes much more than its quarter
     assert all(0.15 <= x / sum(shares) <= 0.35 for x in shares), shares
+
+
+def test_a_scheduled_cap_changes_at_its_boundary_mid_sync(xfs_mod, tmp_path, redis_port):  # noqa: F811
+    """bwlimit by the hour: a sync running when the schedule's window ends goes on at the next
+    entry's rate from the boundary on. The window here ends a few seconds after the sync starts
+    (the schedule is read in UTC, the site's default zone)."""
+    a, b = new_sites(xfs_mod)
+    _volumes(a, ["sched"], 48)           # ~3 s at half the cap, then ~4 s at the cap
+    now = time.time()
+    if now % 86400 > 86400 - 30:          # a window 00:00-boundary must not wrap past midnight
+        time.sleep(86400 - now % 86400 + 1)
+    boundary = int(time.time()) + 5
+    end = time.strftime("%H:%M:%S", time.gmtime(boundary))
+    sender = Sender(a, b, "sched", redis_port, tmp_path / "sched.json", cap=f"{CAP // 2} 00:00-{end}, {CAP}")
+    try:
+        sender.go()
+        r = sender.result()
+    finally:
+        _kill([sender])
+    same_images(a, b, ["sched"])
+    marks = r["marks"]
+    first, last = marks[0][0], marks[-1][0]
+    assert first < boundary - 1.5 and last > boundary + 1.5, (first, boundary, last)
+    before = _bytes_between(marks, first, boundary) / (boundary - first) / (CAP / 2)
+    settle = boundary + 0.2               # a grant asked before the boundary is served at the old rate
+    after = _bytes_between(marks, settle, last) / (last - settle) / CAP
+    print(f"scheduled cap: {before:.3f} of the first entry's rate for {boundary - first:.2f}s, then {after:.3f} of "
+          f"the default's for {last - settle:.2f}s; load {load()}")
+    assert 0.85 <= before <= 1.1
+    assert 0.85 <= after <= 1.1
 
 
 def _race(xfs_mod, tmp_path, port, *, own: int = 0) -> tuple[dict, list, float, float]:

@@ -1,0 +1,80 @@
+"""`drsvc promote --all`: take over every unit this site holds as a secondary, the way a DR
+runbook does when the primary site is lost.
+
+The units (volumes and groups; a group's members go with it) are promoted concurrently, each
+through the same PromoteVolume call as `drsvc promote`, retried while it answers ABORTED
+(in progress), so a unit is never promoted twice: a unit already primary is answered as it is,
+and a second run after an interrupted one takes only what is left. `--dry-run` lists what
+would be promoted, with each copy's data age, and changes nothing.
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from .client import RpcFailed
+from .context import client
+
+PARALLEL = 16      # promotes in flight at once: the site's control workers take them in turn
+
+
+def secondary_units(c) -> list[dict]:
+    """Every unit this site holds as secondary, with what a runbook shows of it."""
+    rows = []
+    for s in c.statuses():
+        if s["role"] != "secondary":
+            continue
+        rows.append({"unit_id": s["unit_id"], "kind": s["kind"], "peer": s.get("peer", ""),
+                     "generation": s.get("generation", 0), "data_age_seconds": s.get("lag_seconds", 0.0)})
+    return sorted(rows, key=lambda r: r["unit_id"])
+
+
+def promote_unit(c, row: dict, *, force: bool, wait: float) -> dict:
+    field = "group_id" if row["kind"] == "group" else "volume_id"
+    t0 = time.monotonic()
+    try:
+        c.until_done(lambda: c.replication("PromoteVolume", force=force, **{field: row["unit_id"]}), wait=wait)
+        return {**row, "result": "promoted", "seconds": round(time.monotonic() - t0, 3)}
+    except RpcFailed as e:
+        return {**row, "result": "failed", "code": e.code.name, "message": e.message,
+                "seconds": round(time.monotonic() - t0, 3)}
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def promote_all(c, plan: list[dict], *, force: bool, wait: float, parallel: int = PARALLEL) -> dict:
+    """Promote every unit of *plan* concurrently; the per-unit results and a summary."""
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        done = list(pool.map(lambda r: promote_unit(c, r, force=force, wait=wait), plan))
+    times = [r["seconds"] for r in done if r["result"] == "promoted"]
+    return {"units": len(done), "promoted": len(times), "failed": len(done) - len(times),
+            "seconds": round(time.monotonic() - t0, 3), "promote_p50_seconds": _percentile(times, 0.5),
+            "promote_p99_seconds": _percentile(times, 0.99), "results": done}
+
+
+def cmd_promote_all(args, out) -> int:
+    with client(args) as c:
+        site = c.site()
+        plan = secondary_units(c)
+        if args.dry_run:
+            line = (f"site {site}: would promote {len(plan)} unit(s) held here as secondary"
+                    + (" with force" if args.force else "") + "; nothing changed (--dry-run)")
+            return out.change("promote --all", site, False, line, {"dry_run": True, "units": plan},
+                              table=(plan, ["unit_id", "kind", "peer", "generation", "data_age_seconds"])
+                              if plan else None)
+        with out.progress(f"promote --all ({len(plan)} units)"):
+            summary = promote_all(c, plan, force=args.force, wait=args.wait, parallel=args.parallel)
+    failed = [r for r in summary["results"] if r["result"] == "failed"]
+    line = (f"site {site}: promoted {summary['promoted']} of {summary['units']} unit(s)"
+            + (" with force" if args.force else "") + f" in {summary['seconds']:.1f}s (one promote: "
+            f"p50 {summary['promote_p50_seconds']:.2f}s, p99 {summary['promote_p99_seconds']:.2f}s)"
+            + (f"; {len(failed)} failed: run it again to retry them" if failed else ""))
+    rc = out.change("promote --all", site, bool(summary["promoted"]), line, summary,
+                    table=(failed, ["unit_id", "kind", "code", "message"]) if failed else None)
+    return rc if not failed else 1

@@ -1,0 +1,140 @@
+#!/usr/bin/python
+"""Ansible module: take over every unit a drsvc site holds as secondary (a site failover)."""
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: drsvc_site
+short_description: Promote every unit a drsvc site holds as secondary, at once
+description:
+  - At the surviving site of a pair, promotes every volume and group it holds as a secondary
+    copy, concurrently, each with the same PromoteVolume call as M(drsvc_replication) with
+    C(state=primary). A group's members go with it.
+  - A unit already primary is left as it is, so the task is safe to run again after an
+    interrupted run: it promotes only what is left.
+  - Check mode lists the units that would be promoted and changes nothing.
+requirements:
+  - The target's Python must have drsvc installed (set C(ansible_python_interpreter)).
+options:
+  endpoint:
+    description: The site's plugin socket, C(unix:///path/csi.sock) or a bare path.
+    type: str
+    required: true
+  state:
+    description: C(primary) promotes every secondary unit; C(status) only lists them.
+    type: str
+    choices: [primary, status]
+    default: primary
+  force:
+    description: Promote without the peer's demotion (the peer site is lost); the new epochs fence it.
+    type: bool
+    default: false
+  parallel:
+    description: Promotes in flight at once.
+    type: int
+    default: 16
+  wait:
+    description: Seconds to keep repeating a promote that answers ABORTED (in progress).
+    type: float
+    default: 120
+  connect_timeout:
+    description: Seconds to wait for the endpoint to accept a connection before failing.
+    type: float
+    default: 10
+  secrets:
+    description: CSI secrets passed with every call (the site's RPC token). Never logged or returned.
+    type: dict
+author: drsvc
+"""
+
+EXAMPLES = r"""
+- name: Site a is lost; take over everything at b
+  drsvc_site:
+    endpoint: "{{ secondary_endpoint }}"
+    state: primary
+    force: true
+  register: takeover
+"""
+
+RETURN = r"""
+units:
+  description: The units held as secondary before the task (C(unit_id), C(kind), C(peer), C(generation),
+    C(data_age_seconds)).
+  returned: always
+  type: list
+promoted:
+  description: How many were promoted.
+  returned: unless check mode
+  type: int
+failed:
+  description: How many promotes failed (their results say why); the task fails when any did.
+  returned: unless check mode
+  type: int
+seconds:
+  description: Wall time of the whole takeover.
+  returned: unless check mode
+  type: float
+promote_p99_seconds:
+  description: The 99th percentile of one unit's promote.
+  returned: unless check mode
+  type: float
+results:
+  description: Per unit, C(result) (promoted or failed) with C(code) and C(message) when it failed.
+  returned: unless check mode
+  type: list
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.drsvc_client import IMPORT_ERROR, require_client
+
+if IMPORT_ERROR is None:
+    import grpc
+    from drsvc_cli.client import DrClient, RpcFailed
+    from drsvc_cli.site_promote import promote_all, secondary_units
+
+
+def run(module) -> dict:
+    p = module.params
+    with DrClient(p["endpoint"], secrets=p["secrets"] or {}) as c:
+        try:
+            grpc.channel_ready_future(c.channel).result(timeout=p["connect_timeout"])
+        except grpc.FutureTimeoutError:
+            module.fail_json(msg=f"endpoint {p['endpoint']} is unreachable (no answer in {p['connect_timeout']}s)",
+                             code="UNAVAILABLE")
+        try:
+            plan = secondary_units(c)
+        except RpcFailed as e:
+            module.fail_json(msg=f"listing the units at {p['endpoint']}: {e.code.name}: {e.message}",
+                             code=e.code.name)
+        if p["state"] == "status" or module.check_mode:
+            return {"changed": bool(plan) and p["state"] == "primary", "units": plan}
+        summary = promote_all(c, plan, force=p["force"], wait=p["wait"], parallel=p["parallel"])
+    return {**summary, "changed": summary["promoted"] > 0, "units": plan}
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            endpoint=dict(type="str", required=True),
+            state=dict(type="str", choices=["primary", "status"], default="primary"),
+            force=dict(type="bool", default=False),
+            parallel=dict(type="int", default=16),
+            wait=dict(type="float", default=120),
+            connect_timeout=dict(type="float", default=10),
+            secrets=dict(type="dict", no_log=True),
+        ),
+        supports_check_mode=True,
+    )
+    require_client(module)
+    result = run(module)
+    if result.get("failed"):
+        bad = [r for r in result["results"] if r["result"] == "failed"]
+        module.fail_json(msg=f"{len(bad)} of {len(result['units'])} promotes failed "
+                             f"(first: {bad[0]['unit_id']}: {bad[0].get('code')}: {bad[0].get('message')}); "
+                             "run the playbook again to retry them", **{k: v for k, v in result.items() if k != "failed"},
+                         failed_units=result["failed"])
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""A site-wide failover from the runbook CLI: site a is lost while its units replicate, and
+`drsvc promote --all --force` at b takes over every unit b holds as secondary (volumes and
+groups), concurrently, through the same PromoteVolume a csi-addons controller sends
+(kubernetes-csi-addons internal/controller/replication.storage/volumereplication_controller.go,
+markVolumeAsPrimary with force). A dry run first changes nothing; a second run finds nothing
+left to do; no unit is promoted twice (each epoch goes up by one). The same through
+playbooks/site-failover.yml and its module drsvc_site: check mode lists and changes nothing."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from csi_plugin.gen import volumegroup_pb2
+from drsvc_cli.client import DrClient
+from tests.ansible.test_playbooks import ansible, replicated_volume  # noqa: F401 - the fixture
+from tests.dr.helpers import wait_synced_after, write_random
+from tests.fixtures.sites import image_sha
+
+INTERVAL = {"schedulingInterval": "2s"}
+pytestmark = pytest.mark.own_lab      # it promotes every unit site b holds: no other test's may be there
+
+
+def drsvc(site, *args):
+    p = subprocess.run([sys.executable, "-m", "drsvc_cli.main", *args, "--config", str(site.config_path), "--json"],
+                       capture_output=True, text=True, timeout=300)
+    return p.returncode, json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def _units(lab):
+    A, sa = lab.clients["a"], lab.sites["a"]
+    vols = [A.create_volume(f"site{i}", 32 << 20).volume_id for i in range(3)]
+    gid = A.groups.CreateVolumeGroup(volumegroup_pb2.CreateVolumeGroupRequest(name="sitegrp")).volume_group \
+        .volume_group_id
+    members = [A.create_volume(f"sitegrp-m{i}", 32 << 20, volumeGroup=gid).volume_id for i in range(2)]
+    for v in [*vols, *members]:
+        write_random(sa, v, count=3, seed=len(v))
+    for v in vols:
+        A.retry("EnableVolumeReplication", volume_id=v, parameters=INTERVAL)
+    A.retry("EnableVolumeReplication", group_id=gid, parameters=INTERVAL)
+    for v in vols:
+        wait_synced_after(lab, v, [v])
+    wait_synced_after(lab, gid, members)
+    return vols, gid, members
+
+
+def test_promote_all_takes_over_a_lost_site(lab):
+    sa, sb = lab.sites["a"], lab.sites["b"]
+    vols, gid, members = _units(lab)
+    units = {*vols, gid}
+    acked = {v: image_sha(sa, v) for v in [*vols, *members]}
+    # site a is lost with its units replicating: its sshd and workers stop
+    lab.stop_sshd("a")
+    sa.run.stop("worker")
+    before = {u["unit_id"]: u for u in drsvc(sb, "status")[1]["result"]}
+
+    rc, dry = drsvc(sb, "promote", "--all", "--force", "--dry-run")
+    assert rc == 0 and dry["result"]["changed"] is False
+    assert {u["unit_id"] for u in dry["result"]["units"]} >= units
+    assert all(u["role"] == "secondary" for u in drsvc(sb, "status")[1]["result"] if u["unit_id"] in units)
+
+    rc, run = drsvc(sb, "promote", "--all", "--force", "--parallel", "4")
+    r = run["result"]
+    assert rc == 0 and r["failed"] == 0 and {x["unit_id"] for x in r["results"]} >= units, run
+    assert 0 < r["promote_p50_seconds"] <= r["promote_p99_seconds"] <= r["seconds"]
+    after = {u["unit_id"]: u for u in drsvc(sb, "status")[1]["result"]}
+    for u in units:
+        assert after[u]["role"] == "primary" and after[u]["epoch"] == before[u]["epoch"] + 1, u
+    for v, sha in acked.items():                      # what a had acked is what b took over
+        assert image_sha(sb, v) == sha, v
+
+    rc, again = drsvc(sb, "promote", "--all", "--force")
+    assert rc == 0 and again["result"]["units"] == 0 and again["result"]["changed"] is False
+    assert {u: after[u]["epoch"] for u in units} == \
+        {u: x["epoch"] for u, x in ((x["unit_id"], x) for x in drsvc(sb, "status")[1]["result"]) if u in units}
+
+
+def test_promote_all_is_refused_with_a_unit_named():
+    p = subprocess.run([sys.executable, "-m", "drsvc_cli.main", "promote", "--all", "--volume", "v", "--json",
+                        "--endpoint", "/nonexistent.sock"], capture_output=True, text=True, timeout=60)
+    doc = json.loads(p.stdout.strip().splitlines()[-1])
+    assert p.returncode == 2 and "--all takes every unit" in doc["error"]["message"]
+
+
+def test_site_failover_check_mode_then_takeover(lab, ansible):  # noqa: F811
+    sa, sb = lab.sites["a"], lab.sites["b"]
+    vids = [replicated_volume(lab, ansible, "pbsite0", seed=20)]
+    with DrClient(sb.endpoint) as b:
+        epochs = {v: b.status(volume_id=v)["epoch"] for v in vids}
+    sa.run.down()
+    lab.stop_sshd("a")
+    common = dict(primary_site="a", secondary_site="b")
+
+    out = ansible.playbook("site-failover.yml", check=True, **common)
+    assert "1 unit(s) at b would be promoted (check mode)" in out, out
+    with DrClient(sb.endpoint) as b:
+        assert all(b.status(volume_id=v)["role"] == "secondary" for v in vids)
+
+    out = ansible.playbook("site-failover.yml", **common)
+    assert "promoted 1 of 1 unit(s) at b" in out, out
+    with DrClient(sb.endpoint) as b:
+        for v in vids:
+            st = b.status(volume_id=v)
+            assert (st["role"], st["epoch"]) == ("primary", epochs[v] + 1), st
+            assert image_sha(sb, v) == image_sha(sa, v)
+    # again: nothing is left to promote
+    r = ansible.module("drsvc_site", endpoint=sb.endpoint, state="primary", force=True)
+    assert r["changed"] is False and r["units"] == [] and r["promoted"] == 0
