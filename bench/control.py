@@ -10,9 +10,8 @@ blocks of random volumes all along.
 Then --failovers planned failovers, one unit at a time: DemoteVolume at a (its final sync
 included) and PromoteVolume at b, each timed as a caller sees it through the request side
 (an ABORTED answer, a sync holding the unit, is retried after 0.2 s, as the csi-addons
-controller requeues). EnableVolumeReplication of new volumes is timed too. The same is
-then measured as drsvc ran before the control queue (--contrast runs): control tasks sent
-to the data queue, where they wait behind every queued sync. That is the peer figure.
+controller requeues). EnableVolumeReplication of new volumes is timed too. The same is then
+measured without the control queue (--contrast runs): control tasks sent to the data queue, where they wait behind every queued sync. That is the peer figure.
 
 Printed per phase: enable of all units, warm-up, the failovers, the contrast; the data
 worker's syncs per second and the scheduler's schedule delay over the run.

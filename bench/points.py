@@ -28,7 +28,7 @@ It reports:
   every promote does first, ``seed_base_s``: the replica becomes the acked base of the new
   primary, with the block maps the receiver kept (``seed_source``); ``seed_read_s`` beside
   it is the same base planned from the images instead (it reads every data block: what a
-  promote cost before the receiver kept maps, measured in the same run). ``promote_s`` =
+  promote costs where the receiver keeps no maps, measured in the same run). ``promote_s`` =
   seed + restore (goal < 1 s). The restore's floor is ``floor_s``: as many FICLONERANGE
   calls of 4 KiB as the restore laid ranges (``ranges_laid``), into a reflink of the same
   image, timed in the same run.

@@ -29,8 +29,7 @@ def load_result_backend(app: Celery) -> None:
     """Load Celery's result backend in this thread now. The plugin runs it in each gRPC
     handler thread as it starts them, before it serves (csi_plugin.server.handler_pool):
     Celery keeps one backend object per thread, and the first thread's call also imports
-    it and scans the installed packages' entry points for it (0.035-0.05 s here, more
-    under load), all of which a call would otherwise pay on its way; a DR site's plugin
+    it and scans the installed packages' entry points for it, all of which a call would otherwise pay on its way; a DR site's plugin
     may dispatch nothing before its failover's Promote. It opens no connection."""
     _ = app.backend
 

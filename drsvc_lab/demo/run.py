@@ -28,7 +28,7 @@ from drsvc_cli.client import DrClient
 from . import view as demo_view
 from .workload import DbFiles, RsyncMirror
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]      # the checkout: playbooks/ beside drsvc_lab/
 PLAYBOOKS = ROOT / "playbooks"
 MiB, GiB = 1 << 20, 1 << 30
 VOLUME_SIZE = 1 * GiB          # every volume; sparse, so only written blocks cost anything

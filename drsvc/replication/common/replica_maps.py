@@ -2,8 +2,8 @@
 
 A Promote makes the received images the acked base of the new primary's first sync
 (``takeover.seed_base``). A base needs a block map of every member: the xxh3-128 digest of
-each block, exactly as the sender's scan computes it. Building one reads the whole volume
-(8 s for 10 GiB here, and it grows with the volume). So the receiver keeps the maps as
+each block, exactly as the sender's scan computes it. Building one reads the whole
+volume, and its cost grows with the volume. So the receiver keeps the maps as
 transactions apply:
 
 - Each data record's block digests are computed as the record arrives, while its payload
@@ -323,8 +323,8 @@ def _copy_durably(src: Path, dst: Path) -> None:
 class _Slots:
     """A map's slots, gathered by 64 KiB page and written back in runs of pages, one
     ``pwritev`` a run: a 1% sync of 1 GiB writes ~2,600 single slots scattered over the map
-    (5 ms here, against ~10 ms through ``BlockMap.write``). Plain reads and writes, never a
-    shared mapping (it measured 2.5 ms): a write through one into a hole, or into a block
+    (half of what ``BlockMap.write`` slot by slot costs). Plain reads and writes, never a
+    shared mapping, though one would be faster: a write through one into a hole, or into a block
     shared by a reflink, on a full pool is SIGBUS, and the receiver would die at every replay."""
 
     PAGE = 64 << 10
