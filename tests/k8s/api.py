@@ -76,6 +76,8 @@ class Api:
                     raise
                 continue
             self._conn = conn
+            if "json" not in (resp.getheader("Content-Type") or ""):
+                return resp.status, {"text": raw.decode(errors="replace")}     # /readyz answers text
             return resp.status, (json.loads(raw) if raw else {})
         raise AssertionError("unreachable")
 

@@ -36,6 +36,13 @@ CRDS = (
     "groupsnapshot.storage.k8s.io_volumegroupsnapshotcontents.yaml",
     "groupsnapshot.storage.k8s.io_volumegroupsnapshots.yaml",
     "csiaddons.openshift.io_csiaddonsnodes.yaml",
+    # the manager starts a controller for each kind it knows, and exits when one's CRD is missing
+    "csiaddons.openshift.io_reclaimspacejobs.yaml",
+    "csiaddons.openshift.io_reclaimspacecronjobs.yaml",
+    "csiaddons.openshift.io_networkfences.yaml",
+    "csiaddons.openshift.io_networkfenceclasses.yaml",
+    "csiaddons.openshift.io_encryptionkeyrotationjobs.yaml",
+    "csiaddons.openshift.io_encryptionkeyrotationcronjobs.yaml",
     "replication.storage.openshift.io_volumereplicationclasses.yaml",
     "replication.storage.openshift.io_volumereplications.yaml",
     "replication.storage.openshift.io_volumegroupreplicationclasses.yaml",
