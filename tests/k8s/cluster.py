@@ -9,6 +9,7 @@ SIGKILLed at teardown."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from .netns import Netns
 APISERVER_PORT = 6443
 SERVICE_RANGE = "10.0.0.0/24"
 ISSUER = "https://kubernetes.default.svc"
+ANSWER = re.compile(r"code = (\w+) desc = [^\n]*?((?:vol|grp)-[0-9a-f]+)")
 SA_DIR = "/run/secrets/kubernetes.io/serviceaccount"   # /var/run is /run here
 # A pod's view of its service account: a private mount namespace whose /run is a tmpfs
 # holding the token directory, at the in-cluster path client-go's rest.InClusterConfig reads
@@ -176,6 +178,16 @@ class Cluster:
         if not log.exists():
             return 0
         return sum(all(w in line for w in words) for line in log.read_text(errors="replace").splitlines())
+
+    def error_codes(self, name: str) -> dict:
+        """{(gRPC code, unit id): count} of the errors *name* (a sidecar) logged for drsvc's
+        answers: a code repeated for one unit is a controller requeueing on drsvc's word."""
+        log = self.log(name)
+        text = log.read_text(errors="replace") if log.exists() else ""
+        out = {}
+        for code, unit in ANSWER.findall(text):
+            out[(code, unit)] = out.get((code, unit), 0) + 1
+        return out
 
     def wait_alive(self, name: str, seconds: float) -> None:
         """*name* keeps running for *seconds* (a sidecar that exits on a bad flag does so at once)."""

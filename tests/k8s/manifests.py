@@ -21,7 +21,7 @@ NAMESPACE = "drsvc"
 CONTROLLER = "drsvc-controller"
 PLUGIN_CONTAINER = "drsvc"          # the plugin itself: drsvc_lab runs it, from the site's config
 SOCKET_DIR = "/csi"                 # the socket-dir volume's mount path in every container
-BINARY = {"csi-addons": "csi-addons-sidecar"}   # container name -> binary (else the same name)
+BINARY = {"csi-addons": "csi-addons-sidecar", "liveness-probe": "livenessprobe"}   # container -> binary (else its name)
 FIELDS = {"metadata.namespace", "metadata.name", "metadata.uid", "spec.nodeName"}
 
 

@@ -49,3 +49,20 @@ def test_forced_failover_then_resync(sites, timings, k8s_world):
     print("conditions seen at a:", seen)
     assert any(c.get("Resyncing") == ("True", "ResyncTriggered") for c in seen), seen
     assert dr.sha(sa, vol) == dr.sha(sb, vol)
+
+
+LOOP = 3    # the same error for one unit more often than this is a requeue loop
+
+
+def test_no_requeue_loop_on_drsvc_answers(sites, timings):
+    """Over the whole run, no unit got the same error from drsvc more than LOOP times
+    through the csi-addons sidecar: no ABORTED loop, NOT_FOUND only before a unit's first
+    sync (volumereplication_controller.go treats it as "no info yet", getReplicationInfoKnownErrors)."""
+    loops = {}
+    for s in sites.values():
+        codes = s.cluster.error_codes("csi-addons")
+        for (code, unit), n in codes.items():
+            timings[f"{s.name}: sidecar logged {code} for {unit}"] = n
+            if n > LOOP:
+                loops[(s.name, code, unit)] = n
+    assert not loops, loops
