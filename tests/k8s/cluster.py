@@ -8,6 +8,7 @@ Every process is started through drsvc.runner, logs to <root>/logs/<name>.log an
 SIGKILLed at teardown."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -132,7 +133,35 @@ class Cluster:
             f"--client-ca-file={p / 'ca.crt'}", f"--service-account-issuer={ISSUER}",
             f"--service-account-key-file={p / 'sa.pub'}", f"--service-account-signing-key-file={p / 'sa.key'}",
             "--authorization-mode=RBAC", "--allow-privileged=true", "--profiling=false",
+            f"--audit-policy-file={self._audit_policy()}", f"--audit-log-path={self.audit_log}",
             f"--cert-dir={self.root / 'apiserver-certs'}"])
+
+    @property
+    def audit_log(self) -> Path:
+        return self.root / "audit.log"
+
+    def _audit_policy(self) -> Path:
+        """Every request of a ServiceAccount of the drsvc namespace (the sidecars'), at
+        Metadata: a sidecar denied a verb may only log it at a verbosity the manifests do
+        not run (the provisioner's missing snapshot finalizer: --v=3), the audit log has it."""
+        path = self.root / "audit-policy.yaml"
+        path.write_text("apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n"
+                        "- level: Metadata\n  userGroups: [\"system:serviceaccounts:drsvc\"]\n- level: None\n")
+        return path
+
+    def denials(self) -> list[str]:
+        """The requests of the drsvc namespace's ServiceAccounts the apiserver refused (403)."""
+        if not self.audit_log.exists():
+            return []
+        out = []
+        for line in self.audit_log.read_text(errors="replace").splitlines():
+            try:
+                ev = json.loads(line)
+            except ValueError:          # the line the apiserver is writing
+                continue
+            if ev.get("responseStatus", {}).get("code") == 403:
+                out.append(f"{self.site}: {ev['user']['username']} {ev['verb']} {ev['requestURI']}")
+        return out
 
     def _ready(self) -> bool:
         self.check_alive("etcd", "kube-apiserver")
