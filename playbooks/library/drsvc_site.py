@@ -85,7 +85,7 @@ results:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.drsvc_client import IMPORT_ERROR, require_client
+from ansible.module_utils.drsvc_client import IMPORT_ERROR, UNIT_ARGS, require_client
 
 if IMPORT_ERROR is None:
     import grpc
@@ -115,13 +115,10 @@ def run(module) -> dict:
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            endpoint=dict(type="str", required=True),
+            {k: v for k, v in UNIT_ARGS.items() if k not in ("volume_id", "group_id")},
             state=dict(type="str", choices=["primary", "status"], default="primary"),
             force=dict(type="bool", default=False),
             parallel=dict(type="int", default=16),
-            wait=dict(type="float", default=120),
-            connect_timeout=dict(type="float", default=10),
-            secrets=dict(type="dict", no_log=True),
         ),
         supports_check_mode=True,
     )
