@@ -69,7 +69,10 @@ def test_peer_pool_full(small_peer_lab):
         write_random(sa, vol, count=48, size=1 * MiB, seed=7)
     gens.record(sa, vol)
     free_before = os.statvfs(sb.pool).f_bavail * os.statvfs(sb.pool).f_frsize
-    st = wait_for(lambda: (s := status(A, vol)).status == "DEGRADED" and s, 60, what="DEGRADED")
+    # a sync still running under load reads DEGRADED as "behind schedule" first: wait for the
+    # failure itself
+    st = wait_for(lambda: (s := status(A, vol)).status == "DEGRADED" and "failure" in s.status_message and s,
+                  90, what="DEGRADED by a failed sync")
     print("pool full:", st.status_message)
     assert "space" in st.status_message.lower(), st.status_message
     # a named error that says how much was needed, not an OSError
@@ -114,7 +117,10 @@ def test_peer_sshd_down_for_intervals(flab):
     fault()
     write_random(sa, vol, count=8, seed=8)
     gens.record(sa, vol)
-    st = wait_for(lambda: (s := status(A, vol)).status == "DEGRADED" and s, 60, what="DEGRADED")
+    # a sync still running under load reads DEGRADED as "behind schedule" first: wait for the
+    # failure itself
+    st = wait_for(lambda: (s := status(A, vol)).status == "DEGRADED" and "failure" in s.status_message and s,
+                  90, what="DEGRADED by a failed sync")
     assert st.consecutive_failures >= 1, st
     lag1 = metric(_scrape(sa), "drsvc_replication_lag_seconds", vol)
     assert lag1 is not None
