@@ -135,7 +135,9 @@ def test_connections_share_the_one_rate():
     start = min(first for _, first, _, _ in results)
     first_len = min(results, key=lambda r: r[1])[3]
     span = max(last for _, _, last, _ in results) - start
-    assert 0.8 <= (4 * each - first_len) / span / spec.rate <= 1.05
+    # the span starts at the sink's first read, which a loaded machine can delay past the
+    # first bytes' arrival: a little over the rate is that, 4 connections at 4x would be 4.0
+    assert 0.8 <= (4 * each - first_len) / span / spec.rate <= 1.1
 
 
 def test_the_queue_is_bounded_and_pushes_back_on_the_sender():
