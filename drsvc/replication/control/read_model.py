@@ -62,15 +62,23 @@ def is_enabled(pool: Path, unit_id: str) -> bool:
 
 
 def list_schedules(pool: Path) -> list[Schedule]:
-    """Units this site must sync on a schedule: enabled and primary here."""
-    out = []
+    """Units this site must sync on a schedule: enabled and primary here (reads every unit:
+    the scheduler does so when it starts to lead, then follows drsvc.schedule_changes)."""
     root = PoolLayout(pool).replication
-    for path in sorted(root.glob("*/control.json")) if root.exists() else []:
-        c = find_control(pool, path.parent.name)
-        st = unit_state.find_state(pool, path.parent.name)
-        if c is not None and st is not None and st.role == "primary":
-            out.append(Schedule(c.unit_id, c.interval, c.start_time))
-    return out
+    found = (schedule_of(pool, path.parent.name) for path in sorted(root.glob("*/control.json"))) \
+        if root.exists() else ()
+    return [s for s in found if s is not None]
+
+
+def schedule_of(pool: Path, unit_id: str) -> Schedule | None:
+    """The unit's schedule here; None when it is not enabled and primary here."""
+    c = find_control(pool, unit_id)
+    if c is None:
+        return None
+    st = unit_state.find_state(pool, unit_id)
+    if st is None or st.role != "primary":
+        return None
+    return Schedule(c.unit_id, c.interval, c.start_time)
 
 
 class ReplicationStatus:
