@@ -103,6 +103,7 @@ class SiteScheduler:
         self._dirty = False                       # the published next runs are stale
         self._published_at = 0.0
         self._swept_at = 0.0
+        self._unsaved: dict[str, Run] = {}        # next runs of fired units, saved with the lease
 
     @property
     def lock_key(self) -> str:
@@ -207,7 +208,6 @@ class SiteScheduler:
             return 0
         node = self.cfg.node_id if self.cfg.is_node else ""
         broken = None
-        nxt = []
         for r in due:
             if broken is None:
                 try:
@@ -218,8 +218,7 @@ class SiteScheduler:
                 log.warning("sync of %s not queued: Redis unreachable (%s)", r.unit_id, type(broken).__name__)
             run = Run(r.unit_id, first_slot_after(max(now, r.due) + 1e-3, r.interval, r.phase), r.interval, r.phase)
             self.index.put(run)
-            nxt.append(run)
-        self.table.save(nxt, [])
+            self._unsaved[run.unit_id] = run
         self.work.fired += len(due)
         return len(due)
 
@@ -231,8 +230,15 @@ class SiteScheduler:
             write_next_runs(self.cfg.pool, {u: r.due for u, r in self.index.runs.items()})
             self._published_at, self._dirty = now, False
 
+    def _save_fired(self) -> None:
+        """The fired units' next runs into the table, once per lease renewal rather than per
+        tick: a leader lost meanwhile costs a replay of those few, never a lost schedule."""
+        runs, self._unsaved = list(self._unsaved.values()), {}
+        self.table.save([r for r in runs if self.index.runs.get(r.unit_id) == r], [])
+
     def _resign(self) -> None:
         if self.leading:
+            self._save_fired()
             self.index = None
             self.table.close()
             self.table = None
@@ -269,6 +275,8 @@ class SiteScheduler:
                     self._resign()
                 elif not self.leading:
                     self._start()
+                if self.leading:
+                    self._save_fired()
                 if self.heartbeat is not None:
                     self.heartbeat.touch()
             if self.leading:

@@ -6,11 +6,13 @@ without a dispatcher or a peer.
 """
 from __future__ import annotations
 
+import bisect
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import NoSyncYet, NotEnabled, NotPrimary, UnitNotFound
+from ...errors import BadPageToken, DrsvcError, InvalidInput, NoSyncYet, NotEnabled, NotPrimary, UnitNotFound
 from ...ids import check_id
 from ...layout import PoolLayout
 from ...schedule import assess
@@ -145,10 +147,34 @@ class ReplicationStatus:
                     changed_bytes_total=c.changed_bytes_total)
 
     def units(self) -> list[str]:
-        root = PoolLayout(self.pool).replication
-        if not root.exists():
-            return []
-        return sorted({p.parent.name for pat in ("*/control.json", "*/state.json") for p in root.glob(pat)})
+        return self.units_page()[0]
+
+    def units_page(self, max_entries: int = 0, token: str = "") -> tuple[list[str], str]:
+        """Unit ids in id order from after *token* (the last id of the previous page), at
+        most *max_entries* (0: all), and the next page's token ("" at the end). Only the
+        directory's names are listed whole; a page reads its own units' records only."""
+        if max_entries < 0:
+            raise InvalidInput("max_entries must not be negative")
+        if token:
+            try:
+                check_id(token)
+            except DrsvcError:
+                raise BadPageToken(token=token[:64]) from None
+        layout = PoolLayout(self.pool)
+        try:
+            names = sorted(os.listdir(layout.replication))
+        except FileNotFoundError:
+            return [], ""
+        out = []
+        for name in names[bisect.bisect_right(names, token) if token else 0:]:
+            if max_entries and len(out) == max_entries:
+                return out, out[-1]
+            try:
+                if layout.control_path(name).exists() or layout.state_path(name).exists():
+                    out.append(name)
+            except DrsvcError:          # not a unit's directory
+                continue
+        return out, ""
 
     def points(self, unit: Unit):
         """The unit's recovery points at this site, oldest first, and the space they take
