@@ -1,8 +1,9 @@
-"""The scheduler at scale: units spread over their interval, and a leader change
-brings neither a burst nor a gap.
+"""The scheduler at scale: units spread over their interval, a leader change brings
+neither a burst nor a gap, and a tick's work follows the due and the changed units, not
+the scheduled ones.
 
-Real parts: a redis-server of its own, the real APScheduler with its SQLite job store in
-the pool, the real leader lease, and Celery's Redis transport carrying the queued syncs
+Real parts: a redis-server of its own, the real scheduler with its due-run table in the
+pool, the real leader lease, and Celery's Redis transport carrying the queued syncs
 (no worker consumes them, so the test reads when each arrived from the queue itself).
 """
 from __future__ import annotations
