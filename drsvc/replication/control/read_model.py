@@ -121,8 +121,18 @@ class ReplicationStatus:
 
     def describe(self, unit_id: str) -> Info:
         """Status for operators, on either role (the CLI and /metrics use it)."""
+        return self.row(unit_id)[0]
+
+    def row(self, unit_id: str) -> tuple[Info, str, list]:
+        """describe() and kind_of() from one read of the unit's two records (a listing's row)."""
         st = unit_state.find_state(self.pool, unit_id)
-        c = find_control(self.pool, unit_id) or (control_from_origin(st) if st else None)
+        own = find_control(self.pool, unit_id)
+        info = self._describe(unit_id, st, own or (control_from_origin(st) if st else None))
+        if st is not None:
+            return info, st.kind, list(st.members)
+        return info, own.kind, list(own.members)
+
+    def _describe(self, unit_id: str, st, c) -> Info:
         if c is None:
             raise UnitNotFound(f"replication is not enabled for {unit_id}", unit_id=unit_id)
         role = st.role if st else "primary"
