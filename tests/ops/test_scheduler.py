@@ -244,3 +244,25 @@ def test_a_tick_reads_only_the_units_that_changed(tmp_path, redis_port):
         assert sorted(m["unit"] for m in queued) == units[10:15]
     finally:
         s._resign()
+
+
+def test_the_job_store_of_earlier_versions_is_taken_over(tmp_path):
+    """A pool scheduled by APScheduler's SQLAlchemy job store (its table: id, next_run_time
+    as epoch seconds, the pickled job) keeps each unit's next run: the first leader after the
+    upgrade reads them as its due runs (and so replays the ones it missed), and drops the table."""
+    import sqlite3
+
+    from workers.due_runs import RunTable
+    path = tmp_path / "scheduler.sqlite"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE apscheduler_jobs (id VARCHAR(191) PRIMARY KEY, next_run_time FLOAT, job_state BLOB)")
+    db.executemany("INSERT INTO apscheduler_jobs VALUES (?, ?, ?)",
+                   [("sync:vol-1", 1000.5, b"x"), ("sync:vol-2", 2000.0, b"x"), ("sync:vol-3", None, b"x")])
+    db.commit()
+    db.close()
+    t = RunTable(path)
+    assert t.load() == {"vol-1": (1000.5, 0), "vol-2": (2000.0, 0)}     # paused jobs have no run
+    t.close()
+    db = sqlite3.connect(path)
+    assert db.execute("SELECT name FROM sqlite_master WHERE name='apscheduler_jobs'").fetchone() is None
+    db.close()
