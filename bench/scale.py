@@ -1,7 +1,7 @@
 """A replicated pair of multi-node sites at scale: `python -m bench.scale --json`.
 
     python -m bench.scale [--volumes 600] [--mib 64] [--interval 60] [--warmup 90]
-                          [--duration 300] [--growth 150,300,600] [--faults] [--json]
+                          [--duration 300] [--growth 600,2000,5000] [--faults] [--json]
 
 Two sites of three storage nodes (drsvc_lab.NodesLab: per node a loop XFS pool, an sshd
 on 127.0.<site>.<node>, a data worker, an api worker, a scheduler; per site a Redis and
@@ -23,8 +23,13 @@ After --warmup seconds, a window of --duration seconds is measured:
 - CPU seconds (utime+stime of each process tree, reaped children included) and peak RSS
   (sum over a type's processes, sampled, and the largest single VmHWM) per process type.
 
---growth 150,300,600 measures a window at each size on one lab (volumes are added between
-windows), to show how time per sync and the other figures grow.
+After each window, with the syncs going on: Redis memory per unit (used_memory over the
+one at lab start), `drsvc status` of every unit (the Admin service's ListReplications, page
+by page, over each node's pool), a /metrics scrape of each node (workers.metrics'
+collector, rendered), and --creates-under-load CreateVolume calls timed.
+
+--growth 600,2000,5000 measures a window at each size on one lab (volumes are added between
+windows), and prints one table row per size, to show which figures grow with the units.
 
 --faults then runs, one at a time on the running lab: kill -9 of one node's worker (and
 restart), one node's sshd stopped at the peer, a restart (SIGKILL) of site a's Redis, kill
