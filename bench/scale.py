@@ -1,7 +1,7 @@
 """A replicated pair of multi-node sites at scale: `python -m bench.scale --json`.
 
     python -m bench.scale [--volumes 600] [--mib 64] [--interval 60] [--warmup 90]
-                          [--duration 300] [--growth 150,300,600] [--faults] [--json]
+                          [--duration 300] [--growth 600,2000,5000] [--faults] [--json]
 
 Two sites of three storage nodes (drsvc_lab.NodesLab: per node a loop XFS pool, an sshd
 on 127.0.<site>.<node>, a data worker, an api worker, a scheduler; per site a Redis and
@@ -23,8 +23,13 @@ After --warmup seconds, a window of --duration seconds is measured:
 - CPU seconds (utime+stime of each process tree, reaped children included) and peak RSS
   (sum over a type's processes, sampled, and the largest single VmHWM) per process type.
 
---growth 150,300,600 measures a window at each size on one lab (volumes are added between
-windows), to show how time per sync and the other figures grow.
+After each window, with the syncs going on: Redis memory per unit (used_memory over the
+one at lab start), `drsvc status` of every unit (the Admin service's ListReplications, page
+by page, over each node's pool), a /metrics scrape of each node (workers.metrics'
+collector, rendered), and --creates-under-load CreateVolume calls timed.
+
+--growth 600,2000,5000 measures a window at each size on one lab (volumes are added between
+windows), and prints one table row per size, to show which figures grow with the units.
 
 --faults then runs, one at a time on the running lab: kill -9 of one node's worker (and
 restart), one node's sshd stopped at the peer, a restart (SIGKILL) of site a's Redis, kill
@@ -148,6 +153,50 @@ def redis_calls(port: int) -> int:
     import redis
     stats = redis.Redis(port=port, socket_timeout=10).info("commandstats")
     return sum(v["calls"] for v in stats.values())
+
+
+def redis_memory(port: int) -> dict:
+    import redis
+    r = redis.Redis(port=port, socket_timeout=10)
+    return {"used": r.info("memory")["used_memory"], "keys": r.dbsize()}
+
+
+# -- the operator's listings, through their real code over every node's pool --------------
+def status_all(lab, site: str, page: int) -> dict:
+    """`drsvc status` of every unit: the Admin service's ListReplications (the code the CLI
+    calls), page after page, over each storage node's pool; wall time and pages."""
+    from csi_plugin.admin_servicer import Admin
+    from csi_plugin.gen import admin_pb2
+    from drsvc.replication.control import ReplicationStatus
+    t, pages, rows, worst = time.perf_counter(), 0, 0, 0.0
+    for n in lab.nodes:
+        admin = Admin(None, None, ReplicationStatus(site, lab.pool(n, site), None, None))
+        token = ""
+        while True:
+            t0 = time.perf_counter()
+            out = admin.ListReplications(admin_pb2.ListReplicationsRequest(max_entries=page, starting_token=token),
+                                         None)
+            worst = max(worst, time.perf_counter() - t0)
+            pages, rows, token = pages + 1, rows + len(out.replications), out.next_token
+            if not token:
+                break
+    return {"s": round(time.perf_counter() - t, 3), "rows": rows, "pages": pages, "slowest_page_s": round(worst, 3)}
+
+
+def scrape_all(lab, site: str) -> dict:
+    """A /metrics scrape of each storage node (workers.metrics' collector, rendered as the
+    HTTP server renders it): the slowest node's time, and the bytes of all."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from drsvc.config import load
+    from workers.metrics import ReplicationCollector
+    worst, size = 0.0, 0
+    for n in lab.nodes:
+        reg = CollectorRegistry()
+        reg.register(ReplicationCollector(load(lab.config_of(site), node=n)))
+        t = time.perf_counter()
+        size += len(generate_latest(reg))
+        worst = max(worst, time.perf_counter() - t)
+    return {"s": round(worst, 3), "bytes": size}
 
 
 # -- the bench -------------------------------------------------------------------------
@@ -352,7 +401,25 @@ class Scale:
         c1 = self._counters()
         halt.set()
         th.join()
-        return self._window(c0, c1, t0, t1, load0, seen)
+        out = self._window(c0, c1, t0, t1, load0, seen)
+        out.update(self._listings())
+        return out
+
+    def _listings(self) -> dict:
+        """After a window, the lab still syncing: Redis memory per unit, `drsvc status` of all
+        units, a /metrics scrape, and CreateVolume timed while the syncs go on."""
+        mem = redis_memory(self.lab.redis_ports["a"])
+        made = []
+        for i in range(self.args.creates_under_load):
+            t = time.perf_counter()
+            self.create(f"load-{len(self.vols)}-{i}")
+            made.append(time.perf_counter() - t)
+        n = max(1, len(self.vols))
+        return {"redis_a_memory_bytes": mem["used"], "redis_a_keys": mem["keys"],
+                "redis_a_bytes_per_unit": round((mem["used"] - self.redis_base) / n),
+                "status_all": status_all(self.lab, "a", self.args.page),
+                "metrics_scrape": scrape_all(self.lab, "a"),
+                "create_under_load_ms": summary_ms(made)}
 
     def _window(self, c0: dict, c1: dict, t0: float, t1: float, load0, seen: dict) -> dict:
         """The figures of one measured window, from the counters at its two ends."""
@@ -521,6 +588,7 @@ class Scale:
             self.lab.build()
             self.lab.up()
             self.connect()
+            self.redis_base = redis_memory(self.lab.redis_ports["a"])["used"]
             log(f"lab up in {time.monotonic() - t:.1f}s at {self.root}")
             w = threading.Thread(target=self.writer, daemon=True)
             for i, n in enumerate(stages):
@@ -559,6 +627,28 @@ class Scale:
             Path(self.args.out).write_text(json.dumps(self.out, indent=1))
 
 
+ROW = ("| units | drift p50/p99 s | healthy | CPU ms/sync sched/worker/api/ctl/redis/recv | Redis cmds/sync "
+       "| Redis B/unit | RSS MiB sched/worker | /metrics s (KiB) | status all s (slowest page) | Create p99 ms | load |")
+
+
+def growth_table(stages: list[dict]) -> str:
+    """One row per size: the figures that must stay flat as units grow."""
+    lines = [ROW, "|" + "---|" * (ROW.count("|") - 1)]
+    for st in stages:
+        c = st["cpu_s_per_sync"]
+        ms = "/".join("-" if c[t] is None else f"{c[t] * 1000:.1f}"
+                      for t in ("scheduler", "worker", "api", "controller", "redis", "sshd+receivers"))
+        rss = st["rss_peak_mib"]
+        sa, sc = st.get("status_all") or {}, st.get("metrics_scrape") or {}
+        lines.append(
+            f"| {st['volumes']} | {st['drift_s']['p50']}/{st['drift_s']['p99']} | "
+            f"{st['units_healthy_all_window']}/{st['volumes']} | {ms} | {st['redis_cmds_per_sync']} | "
+            f"{st.get('redis_a_bytes_per_unit')} | {rss['scheduler']}/{rss['worker']} | "
+            f"{sc.get('s')} ({round((sc.get('bytes') or 0) / 1024)}) | {sa.get('s')} ({sa.get('slowest_page_s')}) | "
+            f"{(st.get('create_under_load_ms') or {}).get('p99')} | {st['load_avg_after'][0]} |")
+    return "\n".join(lines)
+
+
 def sha(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -574,7 +664,10 @@ def main(argv=None) -> int:
     ap.add_argument("--interval", type=int, default=60)
     ap.add_argument("--warmup", type=float, default=90, help="seconds after enabling, before measuring")
     ap.add_argument("--duration", type=float, default=300, help="measured window (the last stage's)")
-    ap.add_argument("--growth", default="", help="sizes measured in turn on one lab, e.g. 150,300,600")
+    ap.add_argument("--growth", default="", help="sizes measured in turn on one lab, e.g. 600,2000,5000,10000; "
+                    "one table row per size")
+    ap.add_argument("--page", type=int, default=500, help="ListReplications page size of the status timing")
+    ap.add_argument("--creates-under-load", type=int, default=10, help="CreateVolume calls timed after each window")
     ap.add_argument("--growth-duration", type=float, default=120, help="window of the earlier growth stages")
     ap.add_argument("--sample-every", type=float, default=5.0)
     ap.add_argument("--pool-size", default="4G", help="each node's loop XFS (sparse)")
@@ -601,6 +694,7 @@ def main(argv=None) -> int:
               f"CreateVolume p50 {st['create_ms']['p50']} ms p99 {st['create_ms']['p99']} ms")
         print(f"  phases p50 (s): {st['phase_p50_s']}")
         print(f"  cpu s: {st['cpu_s']}  peak rss MiB: {st['rss_peak_mib']}")
+    print(growth_table(out["stages"]))
     if fo := out.get("failovers"):
         print(f"{fo['failovers']} planned failovers while {fo['units_syncing']} units sync: "
               f"DemoteVolume p50 {fo['demote_ms']['p50']} ms p99 {fo['demote_ms']['p99']} ms; "

@@ -51,14 +51,14 @@ class Admin(admin_pb2_grpc.AdminServicer):
     @rpc
     def ListReplications(self, req, context):
         out = []
-        for unit_id in self.status.units():
+        units, next_token = self.status.units_page(req.max_entries, req.starting_token)
+        for unit_id in units:
             try:
-                info = self.status.describe(unit_id)
+                info, kind, members = self.status.row(unit_id)
             except Exception:  # noqa: BLE001 - a unit half torn down is skipped, not fatal
                 continue
-            kind, members = self.status.kind_of(unit_id)
             out.append(status_message(info, unit_id, kind, members, self.status.pool))
-        return admin_pb2.ListReplicationsResponse(replications=out)
+        return admin_pb2.ListReplicationsResponse(replications=out, next_token=next_token)
 
     @rpc
     def GetReplicationStatus(self, req, context):

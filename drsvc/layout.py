@@ -22,6 +22,8 @@ name, so no path escapes the pool::
     replication/<unit_id>/points/index.json     receiver: the unit's recovery points (one document)
     replication/<unit_id>/points/<gen>/         a point's meta.json, per member <vol>.undo (the bytes
                                                 later generations overwrote) or <vol>.img (a whole image)
+    schedule-changes/<unit_id>                  an empty mark: the unit's schedule may have changed
+                                                (drsvc.schedule_changes; the scheduler takes them)
 """
 from __future__ import annotations
 
@@ -103,6 +105,13 @@ class PoolLayout:
     @property
     def replication(self) -> Path:
         return self.root / "replication"
+
+    @property
+    def schedule_changes(self) -> Path:
+        return self.root / "schedule-changes"
+
+    def schedule_change_path(self, unit_id: str) -> Path:
+        return self.schedule_changes / check_id(unit_id)
 
     def unit_dir(self, unit_id: str) -> Path:
         return self.replication / check_id(unit_id)

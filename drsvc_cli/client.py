@@ -44,6 +44,9 @@ def _status(s) -> dict:
                          s.progress_bytes_sent else None)}
 
 
+STATUS_PAGE = 500        # units per ListReplications call when the caller lists them all
+
+
 class DrClient:
     def __init__(self, endpoint: str, *, timeout: float = 60.0, secrets: dict | None = None):
         target = endpoint if endpoint.startswith("unix:") else f"unix://{endpoint}"
@@ -153,8 +156,21 @@ class DrClient:
             unit=self.unit(volume_id, group_id))))
 
     def statuses(self) -> list[dict]:
-        return [_status(s) for s in self._call(self.admin.ListReplications,
-                                               admin_pb2.ListReplicationsRequest()).replications]
+        return [row for page, _ in self.status_pages() for row in page]
+
+    def status_page(self, limit: int = 0, token: str = "") -> tuple[list[dict], str]:
+        """One page of every unit's status, in id order: (rows, the next page's token or "")."""
+        r = self._call(self.admin.ListReplications, admin_pb2.ListReplicationsRequest(
+            max_entries=limit, starting_token=token))
+        return [_status(s) for s in r.replications], r.next_token
+
+    def status_pages(self, page: int = STATUS_PAGE, token: str = ""):
+        """Every unit's status, page by page (each answer holds one page's units only)."""
+        while True:
+            rows, token = self.status_page(page, token)
+            yield rows, token
+            if not token:
+                return
 
     def sync_now(self, *, volume_id: str = "", group_id: str = "", wait: float = 0) -> dict:
         r = self._call(self.admin.SyncNow, admin_pb2.SyncNowRequest(unit=self.unit(volume_id, group_id),

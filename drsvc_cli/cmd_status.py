@@ -27,6 +27,8 @@ def cmd_status(args, out):
         unit, member = _target(c, args)
 
         def once():
+            if not unit and args.limit:
+                return _one_page(c, args, out)
             rows = [c.status(**unit)] if unit else c.statuses()
             if out.json:   # one unit: its object (a member: its group's, with "member"); no unit: all
                 out.result("status", ({**rows[0], "member": member} if member else rows[0]) if unit else rows)
@@ -40,6 +42,18 @@ def cmd_status(args, out):
             return EXIT_OK
         watch(once, out, args.every)
         return EXIT_OK
+
+
+def _one_page(c, args, out) -> None:
+    """--limit N: N units from --continue's token on, and the token of the next page."""
+    from .status_view import render
+    rows, token = c.status_page(args.limit, args.continue_token)
+    if out.json:
+        out.result("status", rows, next_token=token)
+        return
+    render(out.console, rows)
+    if token:
+        out.console.print(f"more: drsvc status --limit {args.limit} --continue {token}", soft_wrap=True)
 
 
 def watch(once, out, every: float) -> None:
@@ -64,4 +78,8 @@ def add_parsers(sub, common, unit_args) -> None:
     p = sub.add_parser("status", parents=[common, unit_args], help="replication status (UTC; whole ids)")
     p.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
     p.add_argument("--every", type=float, default=2.0, help="seconds between refreshes with --watch")
+    p.add_argument("--limit", type=int, default=0,
+                   help="all units: show at most this many (id order), and the token of the next page")
+    p.add_argument("--continue", dest="continue_token", default="", metavar="TOKEN",
+                   help="with --limit: the page after the one that printed this token")
     p.set_defaults(fn=cmd_status)

@@ -38,9 +38,10 @@ class Output:
             from rich.console import Console
             self.console = Console()
 
-    def result(self, command: str, result) -> int:
+    def result(self, command: str, result, **extra) -> int:
+        """*extra*: more top-level fields of the --json answer (a page's next_token)."""
         if self.json:
-            print(json.dumps({"ok": True, "command": command, "result": for_json(result)}, sort_keys=True,
+            print(json.dumps({"ok": True, "command": command, "result": for_json(result), **extra}, sort_keys=True,
                              default=str))
         elif isinstance(result, list) and result and isinstance(result[0], dict):
             self.table(result)

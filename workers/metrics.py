@@ -53,12 +53,11 @@ class ReplicationCollector:
     def _units(self):
         for unit_id in self.service.units():
             try:
-                info = self.service.describe(unit_id)
+                info, kind, members = self.service.row(unit_id)
             except Exception as e:  # noqa: BLE001 - one bad unit must not blank the page
                 log.warning("unit %s: %s", unit_id, e)
                 continue
-            kind, _ = self.service.kind_of(unit_id)
-            yield [self.cfg.site, unit_id, kind, info.peer], info
+            yield [self.cfg.site, unit_id, kind, info.peer], info, members
 
     def collect(self):
         g = {name: GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=LABELS) for name, (doc, _) in GAUGES.items()}
@@ -72,7 +71,7 @@ class ReplicationCollector:
         changed = CounterMetricFamily(f"{PREFIX}_changed_bytes",
                                       "Data bytes this site's successful syncs changed at the peer", labels=LABELS)
         points = _points_families(LABELS)
-        for lv, info in self._units():
+        for lv, info, members in self._units():
             for name, (_, value) in GAUGES.items():
                 if (v := value(info)) is not None:
                     g[name].add_metric(lv, v)
@@ -85,7 +84,7 @@ class ReplicationCollector:
             syncs.add_metric(lv + ["failure"], info.failures_total)
             sent.add_metric(lv, info.sent_bytes_total)
             changed.add_metric(lv, info.changed_bytes_total)
-            _add_points(points, self.service, lv)
+            _add_points(points, self.service, lv, members)
         yield from g.values()
         yield from (role, health, failures, syncs, sent, changed)
         yield from points.values()
@@ -138,11 +137,11 @@ def _points_families(labels) -> dict:
     )}
 
 
-def _add_points(fam: dict, status, lv: list) -> None:
+def _add_points(fam: dict, status, lv: list, members: list) -> None:
     from drsvc.replication.control import Unit
     unit_id, kind = lv[1], lv[2]
     try:
-        pts, space, _ = status.points(Unit(kind, unit_id, tuple(status.kind_of(unit_id)[1])))
+        pts, space, _ = status.points(Unit(kind, unit_id, tuple(members)))
     except Exception as e:  # noqa: BLE001 - one bad unit must not blank the page
         log.warning("unit %s points: %s", unit_id, e)
         return

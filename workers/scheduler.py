@@ -1,9 +1,12 @@
-"""APScheduler loop: one interval job per replicated unit, run only by the leader.
+"""The site's scheduler: queues each replicated unit's sync at its slot; run only by the leader.
 
-Jobs live in a SQLite job store beside the pool, and are reconciled from the
-pool's durable replication state every few seconds, so schedules survive a
-restart of this process and of Redis. Leadership is a Redis lock with a TTL;
-a scheduler that cannot renew it stops acting.
+Each unit's next run sits in a heap by due time (workers.due_runs.DueIndex), so a tick pops
+the due runs and nothing else. The units to schedule are read whole from the pool's durable
+replication state once, when this process starts to lead; after that only the units
+marked changed (drsvc.schedule_changes: enabled, disabled, promoted, demoted, interval or
+start time changed) are read again. The next runs are kept in a table beside the pool
+(``scheduler.sqlite``), so a new leader replays the runs missed while none led.
+Leadership is a Redis lock with a TTL; a scheduler that cannot renew it stops acting.
 """
 from __future__ import annotations
 
@@ -14,27 +17,28 @@ import signal
 import socket
 import threading
 import time
-import uuid
-from datetime import datetime, UTC
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+import uuid
 
 import redis
-from apscheduler.jobstores.sqlalchemy import SQLAlchemyJobStore
-from apscheduler.schedulers.background import BackgroundScheduler
-from apscheduler.triggers.interval import IntervalTrigger
 
+from drsvc import schedule_changes
 from drsvc.config import SiteConfig, load
 from drsvc.pool import Pool
 from drsvc.schedule import catch_up, phase, slot_at_or_before
-from drsvc.replication.control import list_schedules, write_next_runs
+from drsvc.replication.control import list_schedules, schedule_of, write_next_runs
 
+from .due_runs import DueIndex, Run, RunTable
 from .redis_client import connect
 from .tasks import sync_marker
 from .titles import set_title
 
 log = logging.getLogger("workers.scheduler")
 LEASE_S = 15
+PUBLISH_EVERY_S = 30.0      # the next runs are republished at most this often once runs fired
+SWEEP_EVERY_S = 3600.0      # every unit is read again this often (a change whose mark was lost)
 
 
 @lru_cache(maxsize=4)
@@ -43,39 +47,71 @@ def _app(config_path: str, node: str = ""):
     return make_app(load(config_path, node=node))
 
 
+@lru_cache(maxsize=4)
+def _redis(config_path: str, node: str = ""):
+    return connect(_app(config_path, node).drsvc_config.redis_url, socket_timeout=10, socket_connect_timeout=5)
+
+
 def enqueue_sync(config_path: str, unit_id: str, interval: int, ph: float | None = None, node: str = "") -> None:
-    """The job body: queue one sync unless one is already queued or running. The task
-    carries the slot it was due at, so the worker can record the scheduling delay. On a
-    multi-node site each node has its scheduler, over its pool, queueing to its queue."""
+    """Queue one sync unless one is already queued or running. The task carries the slot
+    it was due at, so the worker can record the scheduling delay. Nobody waits on a
+    scheduled sync, so its result is not stored (the worker logs it). On a multi-node
+    site each node has its scheduler, over its pool, queueing to its queue."""
     app = _app(config_path, node)
     cfg = app.drsvc_config
-    r = connect(cfg.redis_url, socket_timeout=10)
     # the marker outlives a dead worker only until its task would be redelivered
     ttl = max(30, min(3 * interval, cfg.visibility_timeout))
-    if not r.set(sync_marker(cfg.scope, unit_id), "1", nx=True, ex=ttl):
+    if not _redis(config_path, node).set(sync_marker(cfg.scope, unit_id), "1", nx=True, ex=ttl):
         log.info("sync of %s still queued or running; not queueing another", unit_id)
         return
     kwargs = {"trigger": "schedule"}
     if ph is not None:
         kwargs["scheduled_at"] = round(slot_at_or_before(time.time(), interval, ph), 3)
-    app.send_task("drsvc.sync", args=[unit_id], kwargs=kwargs, queue=cfg.queue_for("sync"))
+    app.send_task("drsvc.sync", args=[unit_id], kwargs=kwargs, queue=cfg.queue_for("sync"), ignore_result=True)
     log.info("queued scheduled sync of %s", unit_id)
 
 
+def first_slot_after(now: float, interval: int, ph: float) -> float:
+    """The unit's first slot at or after *now* (slots: phase + k * interval)."""
+    slot = slot_at_or_before(now, interval, ph)
+    return slot if slot >= now else slot + interval
+
+
+@dataclass
+class TickWork:
+    """What the leader did, counted (tests hold a tick's work to the due units)."""
+    ticks: int = 0
+    units_read: int = 0        # units whose records were read (changed, or all on a load)
+    fired: int = 0
+    loads: int = 0
+    per_tick: list = field(default_factory=list)   # (units_read, heap pops, fired) of recent ticks
+
+
 class SiteScheduler:
-    def __init__(self, cfg: SiteConfig, *, reconcile_every: float = 3.0, heartbeat: str | None = None):
+    def __init__(self, cfg: SiteConfig, *, reconcile_every: float = 3.0, heartbeat: str | None = None,
+                 sweep_every: float = SWEEP_EVERY_S):
         self.cfg = cfg
         self.heartbeat = Path(heartbeat) if heartbeat else None   # touched every loop (workers/probe.py)
         self.identity = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.reconcile_every = reconcile_every
+        self.sweep_every = sweep_every
         self.redis = connect(cfg.redis_url, socket_timeout=5)
-        self.sched: BackgroundScheduler | None = None
+        self.index: DueIndex | None = None        # set while leading
+        self.table: RunTable | None = None
         self.stop = threading.Event()
-        self._published: dict | None = None
+        self.work = TickWork()
+        self._dirty = False                       # the published next runs are stale
+        self._published_at = 0.0
+        self._swept_at = 0.0
+        self._unsaved: dict[str, Run] = {}        # next runs of fired units, saved with the lease
 
     @property
     def lock_key(self) -> str:
         return f"drsvc:{self.cfg.scope}:scheduler-leader"
+
+    @property
+    def leading(self) -> bool:
+        return self.index is not None
 
     def _lead(self) -> bool:
         """Take or renew the leader lease."""
@@ -89,80 +125,167 @@ class SiteScheduler:
         except redis.RedisError as e:
             # without Redis no sync can be queued anyway; keep the role we had
             log.warning("leader lease: Redis unreachable (%s)", type(e).__name__)
-            return self.sched is not None
+            return self.leading
 
+    # -- leading ---------------------------------------------------------------------------
     def _start(self) -> None:
         Pool(self.cfg.pool, site=self.cfg.site).init()     # a node's scheduler may start first
-        store = SQLAlchemyJobStore(url=f"sqlite:///{self.cfg.pool}/scheduler.sqlite")
-        self.sched = BackgroundScheduler(jobstores={"default": store}, timezone=UTC,
-                                         job_defaults={"coalesce": True, "max_instances": 1,
-                                                       "misfire_grace_time": 3600})
-        self.sched.start(paused=True)
-        self._catch_up()
-        self.sched.resume()
+        self.table = RunTable(Path(self.cfg.pool) / "scheduler.sqlite")
+        self.index = DueIndex()
+        self._load(catch_up_missed=True)
         log.info("scheduler %s is leader for site %s", self.identity, self.cfg.site)
 
-    def _catch_up(self) -> None:
-        """Runs missed while no scheduler led (a leader change, a restart) are replayed at
-        the pace they were due (drsvc.schedule.catch_up), not all at once."""
+    def _load(self, *, catch_up_missed: bool) -> None:
+        """Every unit read afresh: on taking the lead (runs missed while no scheduler led, a
+        leader change or a restart, are replayed at the pace they were due:
+        drsvc.schedule.catch_up, not all at once), and on the slow sweep."""
+        schedule_changes.take(self.cfg.pool)      # what they marked is read now
+        wanted = {s.unit_id: s for s in list_schedules(self.cfg.pool)}
+        self.work.units_read += len(wanted)
+        self.work.loads += 1
+        stored = self.table.load() if catch_up_missed else {}
         now = time.time()
-        missed = [(job.id, job.next_run_time.timestamp(), int(job.trigger.interval.total_seconds()))
-                  for job in self.sched.get_jobs()
-                  if job.next_run_time is not None and job.next_run_time.timestamp() < now]
+        missed, put = [], []
+        for unit_id, s in wanted.items():
+            ph = phase(s.unit_id, s.interval, s.start_time)
+            cur = self.index.runs.get(unit_id)
+            if cur is not None and (cur.interval, cur.phase) == (s.interval, ph):
+                continue
+            due, interval = stored.get(unit_id, (0.0, 0))
+            if not due or interval not in (0, s.interval):
+                due = first_slot_after(now, s.interval, ph)
+            elif due < now:
+                missed.append((unit_id, due, s.interval))
+            put.append(Run(unit_id, due, s.interval, ph))
         replay = catch_up(missed, now)
-        for job_id, when in replay.items():
-            self.sched.modify_job(job_id, next_run_time=datetime.fromtimestamp(when, UTC))
+        put = [Run(r.unit_id, replay.get(r.unit_id, r.due), r.interval, r.phase) for r in put]
+        for r in put:
+            self.index.put(r)
+        gone = [u for u in list(self.index.runs) if u not in wanted]
+        for u in gone:
+            self.index.remove(u)
+        gone += [u for u in stored if u not in wanted]
+        self.table.save(put, gone)
+        self._dirty = self._dirty or bool(put or gone)
+        self._swept_at = now
         if replay:
             log.info("taking over: %d missed run(s) replayed over %.1fs", len(replay),
                      max(replay.values()) - now)
 
-    def _resign(self) -> None:
-        if self.sched is not None:
-            self.sched.shutdown(wait=False)
-            self.sched = None
-            log.info("scheduler %s is no longer leader", self.identity)
-
-    def reconcile(self) -> None:
-        wanted = {f"sync:{s.unit_id}": s for s in list_schedules(self.cfg.pool)}
-        for job in self.sched.get_jobs():
-            if job.id not in wanted:
-                job.remove()
-        for job_id, s in wanted.items():
-            job = self.sched.get_job(job_id)
-            if job is not None and job.trigger.interval.total_seconds() == s.interval:
+    def _changes(self) -> int:
+        """The units marked changed, read again: added, rescheduled or dropped."""
+        units = schedule_changes.take(self.cfg.pool)
+        put, gone = [], []
+        now = time.time()
+        for unit_id in units:
+            s = schedule_of(self.cfg.pool, unit_id)
+            cur = self.index.runs.get(unit_id)
+            if s is None:
+                if cur is not None:
+                    log.info("unscheduled %s", unit_id)
+                gone.append(unit_id)
+                self.index.remove(unit_id)
+                continue
+            ph = phase(s.unit_id, s.interval, s.start_time)
+            if cur is not None and (cur.interval, cur.phase) == (s.interval, ph):
                 continue
             # slots at a fixed phase per unit (drsvc.schedule.phase): units spread over the
             # interval, and any leader computes the same slots
-            ph = phase(s.unit_id, s.interval, s.start_time)
-            start = datetime.fromtimestamp(ph, UTC)
-            self.sched.add_job(enqueue_sync, IntervalTrigger(seconds=s.interval, start_date=start),
-                               id=job_id, args=[str(self.cfg.path), s.unit_id, s.interval, ph, self.cfg.node_id if self.cfg.is_node else ""],
-                               replace_existing=True, name=f"sync {s.unit_id} every {s.interval}s")
-            log.info("scheduled %s every %ss", s.unit_id, s.interval)
-        self._publish_next_runs()
+            run = Run(unit_id, first_slot_after(now, s.interval, ph), s.interval, ph)
+            self.index.put(run)
+            put.append(run)
+            log.info("scheduled %s every %ss", unit_id, s.interval)
+        self.table.save(put, gone)
+        self._dirty = self._dirty or bool(put or gone)
+        self.work.units_read += len(units)
+        return len(units)
 
-    def _publish_next_runs(self) -> None:
-        """Each unit's next run, for `drsvc status` (read by drsvc.replication.control.health.next_sync)."""
-        runs = {job.id.removeprefix("sync:"): job.next_run_time.timestamp()
-                for job in self.sched.get_jobs() if job.next_run_time is not None}
-        if runs != self._published:
-            write_next_runs(self.cfg.pool, runs)
-            self._published = runs
+    def _fire_due(self) -> int:
+        """Queue every due run; each unit's next run is its next slot."""
+        now = time.time()
+        due = self.index.pop_due(now)
+        if not due:
+            return 0
+        node = self.cfg.node_id if self.cfg.is_node else ""
+        broken = None
+        for r in due:
+            if broken is None:
+                try:
+                    enqueue_sync(str(self.cfg.path), r.unit_id, r.interval, r.phase, node)
+                except redis.RedisError as e:       # the others of this tick would wait on it too
+                    broken = e
+            if broken is not None:
+                log.warning("sync of %s not queued: Redis unreachable (%s)", r.unit_id, type(broken).__name__)
+            run = Run(r.unit_id, first_slot_after(max(now, r.due) + 1e-3, r.interval, r.phase), r.interval, r.phase)
+            self.index.put(run)
+            self._unsaved[run.unit_id] = run
+        self.work.fired += len(due)
+        return len(due)
+
+    def _publish_next_runs(self, now: float) -> None:
+        """Each unit's next run, for `drsvc status` (read by drsvc.replication.control.health.next_sync):
+        when the schedule changed, and at most every PUBLISH_EVERY_S while runs fire (a
+        reader rolls a passed run forward on its grid meanwhile)."""
+        if self._dirty or (self.work.fired and now - self._published_at >= PUBLISH_EVERY_S):
+            write_next_runs(self.cfg.pool, {u: r.due for u, r in self.index.runs.items()})
+            self._published_at, self._dirty = now, False
+
+    def _save_fired(self) -> None:
+        """The fired units' next runs into the table, once per lease renewal rather than per
+        tick: a leader lost meanwhile costs a replay of those few, never a lost schedule."""
+        runs, self._unsaved = list(self._unsaved.values()), {}
+        self.table.save([r for r in runs if self.index.runs.get(r.unit_id) == r], [])
+
+    def _resign(self) -> None:
+        if self.leading:
+            self._save_fired()
+            self.index = None
+            self.table.close()
+            self.table = None
+            log.info("scheduler %s is no longer leader", self.identity)
+
+    # -- the loop --------------------------------------------------------------------------
+    def tick(self) -> None:
+        """One leader's tick: read the changed units, queue the due runs, publish."""
+        pops0, read0 = self.index.pops, self.work.units_read
+        now = time.time()
+        if now - self._swept_at >= self.sweep_every:
+            self._load(catch_up_missed=False)
+        else:
+            self._changes()
+        fired = self._fire_due()
+        self._publish_next_runs(time.time())
+        self.work.ticks += 1
+        self.work.per_tick = (self.work.per_tick + [(self.work.units_read - read0, self.index.pops - pops0,
+                                                     fired)])[-100:]
+
+    def _wait(self, renew_at: float) -> None:
+        """Until the next due run or the next lease renewal, whichever comes first."""
+        wake = renew_at
+        if self.leading and (d := self.index.next_due()) is not None:
+            wake = min(wake, d)
+        self.stop.wait(max(0.0, wake - time.time()))
 
     def run(self) -> None:
+        renew_at = 0.0
         while not self.stop.is_set():
-            if self._lead():
-                if self.sched is None:
+            if time.time() >= renew_at:
+                renew_at = time.time() + self.reconcile_every
+                if not self._lead():
+                    self._resign()
+                elif not self.leading:
                     self._start()
+                if self.leading:
+                    self._save_fired()
+                if self.heartbeat is not None:
+                    self.heartbeat.touch()
+            if self.leading:
                 try:
-                    self.reconcile()
+                    self.tick()
                 except Exception:  # noqa: BLE001 - keep scheduling the others
-                    log.exception("reconcile failed")
-            else:
-                self._resign()
-            if self.heartbeat is not None:
-                self.heartbeat.touch()
-            self.stop.wait(self.reconcile_every)
+                    log.exception("scheduler tick failed")
+                    self.stop.wait(1.0)
+            self._wait(renew_at)
         self._resign()
         try:
             if self.redis.get(self.lock_key) == self.identity.encode():

@@ -10,7 +10,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 
-from ... import store
+from ... import schedule_changes, store
 from ...errors import CorruptMetadata, InvalidParameter, UnitNotFound
 from ...layout import PoolLayout, check_id
 from .blockmap import DEFAULT_BLOCK_SIZE
@@ -89,9 +89,12 @@ def _locked_update(pool, unit_id: str, fn) -> UnitState:
     layout.ensure_unit_dir(unit_id)
     with store.file_lock(layout.lock_path(unit_id), key=unit_id):
         st = get_state(pool, unit_id)
+        role = st.role
         fn(st)
         save_state(pool, st)
-        return st
+    if st.role != role:      # the scheduler syncs primaries only
+        schedule_changes.mark(pool, unit_id)
+    return st
 
 
 def ensure_unit(pool, unit_id: str, members, *, kind: str | None = None, role: str = "primary",
@@ -108,6 +111,7 @@ def ensure_unit(pool, unit_id: str, members, *, kind: str | None = None, role: s
         st = UnitState(unit_id=unit_id, kind=kind, members=list(members), role=role, peer=peer,
                        block_size=block_size)
         save_state(pool, st)
+        schedule_changes.mark(pool, unit_id)
     return st
 
 

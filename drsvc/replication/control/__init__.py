@@ -23,9 +23,9 @@ _EXPORTS = {
     "ReplicationAPI": "api", "Replication": "api", "build": "api",
     "KNOWN_PARAMETERS": "requests",
     "ReplicationStatus": "read_model", "Info": "read_model", "Unit": "read_model",
-    "list_schedules": "read_model", "is_enabled": "read_model",
+    "list_schedules": "read_model", "schedule_of": "read_model", "is_enabled": "read_model",
     "find_control": "relationship",
-    "next_sync": "health", "write_next_runs": "health",
+    "next_sync": "health", "next_runs": "health", "write_next_runs": "health",
     "connect": "peers", "seed_base": "takeover",
     "JOB_MODULES": "jobs",
 }

@@ -116,15 +116,34 @@ def write_next_runs(pool, runs: dict) -> None:
     store.write_ephemeral_json(next_runs_path(pool), {"written_at": time.time(), "next": runs})
 
 
+_next_runs_cache: dict[str, tuple[tuple, dict]] = {}
+
+
+def next_runs(pool) -> dict:
+    """The scheduler's published next runs ({unit_id: epoch s}), parsed once per version of
+    the file: a listing of every unit reads it once, not once per unit."""
+    path = next_runs_path(pool)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return {}
+    key = (st.st_ino, st.st_mtime_ns, st.st_size)
+    hit = _next_runs_cache.get(str(path))
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    runs = (store.read_json(path) or {}).get("next") or {}
+    _next_runs_cache[str(path)] = (key, runs)
+    return runs
+
+
 def next_sync(pool, unit_id: str, *, interval: float = 0, last_sync: float = 0.0,
               now: float | None = None) -> float:
     """When the scheduler means to queue this unit's next sync (0.0: not scheduled here).
 
-    The scheduler publishes its next runs when its jobs change, so a published run may
+    The scheduler publishes its next runs when its schedule changes, so a published run may
     have passed; when a sync started at or after it, the run happened, and the next one
     is on the same interval grid (``roll_forward``)."""
-    doc = store.read_json(next_runs_path(pool)) or {}
-    ts = float((doc.get("next") or {}).get(unit_id) or 0.0)
+    ts = float(next_runs(pool).get(unit_id) or 0.0)
     return roll_forward(ts, interval=interval, last_sync=last_sync, now=time.time() if now is None else now)
 
 

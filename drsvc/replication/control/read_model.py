@@ -6,11 +6,13 @@ without a dispatcher or a peer.
 """
 from __future__ import annotations
 
+import bisect
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import NoSyncYet, NotEnabled, NotPrimary, UnitNotFound
+from ...errors import BadPageToken, DrsvcError, InvalidInput, NoSyncYet, NotEnabled, NotPrimary, UnitNotFound
 from ...ids import check_id
 from ...layout import PoolLayout
 from ...schedule import assess
@@ -62,15 +64,23 @@ def is_enabled(pool: Path, unit_id: str) -> bool:
 
 
 def list_schedules(pool: Path) -> list[Schedule]:
-    """Units this site must sync on a schedule: enabled and primary here."""
-    out = []
+    """Units this site must sync on a schedule: enabled and primary here (reads every unit:
+    the scheduler does so when it starts to lead, then follows drsvc.schedule_changes)."""
     root = PoolLayout(pool).replication
-    for path in sorted(root.glob("*/control.json")) if root.exists() else []:
-        c = find_control(pool, path.parent.name)
-        st = unit_state.find_state(pool, path.parent.name)
-        if c is not None and st is not None and st.role == "primary":
-            out.append(Schedule(c.unit_id, c.interval, c.start_time))
-    return out
+    found = (schedule_of(pool, path.parent.name) for path in sorted(root.glob("*/control.json"))) \
+        if root.exists() else ()
+    return [s for s in found if s is not None]
+
+
+def schedule_of(pool: Path, unit_id: str) -> Schedule | None:
+    """The unit's schedule here; None when it is not enabled and primary here."""
+    c = find_control(pool, unit_id)
+    if c is None:
+        return None
+    st = unit_state.find_state(pool, unit_id)
+    if st is None or st.role != "primary":
+        return None
+    return Schedule(c.unit_id, c.interval, c.start_time)
 
 
 class ReplicationStatus:
@@ -111,8 +121,18 @@ class ReplicationStatus:
 
     def describe(self, unit_id: str) -> Info:
         """Status for operators, on either role (the CLI and /metrics use it)."""
+        return self.row(unit_id)[0]
+
+    def row(self, unit_id: str) -> tuple[Info, str, list]:
+        """describe() and kind_of() from one read of the unit's two records (a listing's row)."""
         st = unit_state.find_state(self.pool, unit_id)
-        c = find_control(self.pool, unit_id) or (control_from_origin(st) if st else None)
+        own = find_control(self.pool, unit_id)
+        info = self._describe(unit_id, st, own or (control_from_origin(st) if st else None))
+        if st is not None:
+            return info, st.kind, list(st.members)
+        return info, own.kind, list(own.members)
+
+    def _describe(self, unit_id: str, st, c) -> Info:
         if c is None:
             raise UnitNotFound(f"replication is not enabled for {unit_id}", unit_id=unit_id)
         role = st.role if st else "primary"
@@ -137,10 +157,34 @@ class ReplicationStatus:
                     changed_bytes_total=c.changed_bytes_total)
 
     def units(self) -> list[str]:
-        root = PoolLayout(self.pool).replication
-        if not root.exists():
-            return []
-        return sorted({p.parent.name for pat in ("*/control.json", "*/state.json") for p in root.glob(pat)})
+        return self.units_page()[0]
+
+    def units_page(self, max_entries: int = 0, token: str = "") -> tuple[list[str], str]:
+        """Unit ids in id order from after *token* (the last id of the previous page), at
+        most *max_entries* (0: all), and the next page's token ("" at the end). Only the
+        directory's names are listed whole; a page reads its own units' records only."""
+        if max_entries < 0:
+            raise InvalidInput("max_entries must not be negative")
+        if token:
+            try:
+                check_id(token)
+            except DrsvcError:
+                raise BadPageToken(token=token[:64]) from None
+        layout = PoolLayout(self.pool)
+        try:
+            names = sorted(os.listdir(layout.replication))
+        except FileNotFoundError:
+            return [], ""
+        out = []
+        for name in names[bisect.bisect_right(names, token) if token else 0:]:
+            if max_entries and len(out) == max_entries:
+                return out, out[-1]
+            try:
+                if layout.control_path(name).exists() or layout.state_path(name).exists():
+                    out.append(name)
+            except DrsvcError:          # not a unit's directory
+                continue
+        return out, ""
 
     def points(self, unit: Unit):
         """The unit's recovery points at this site, oldest first, and the space they take

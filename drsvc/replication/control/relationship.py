@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ... import store
+from ... import schedule_changes, store
 from ...layout import PoolLayout
 
 DEFAULT_INTERVAL = 300
@@ -60,6 +60,12 @@ def find_control(pool: Path, unit_id: str) -> Control | None:
 
 
 def save_control(pool: Path, c: Control) -> None:
+    """Write the record, and mark the unit for the scheduler (its interval may be new)."""
+    _write(pool, c)
+    schedule_changes.mark(pool, c.unit_id)
+
+
+def _write(pool: Path, c: Control) -> None:
     PoolLayout(pool).ensure_unit_dir(c.unit_id)
     store.write_doc(control_path(pool, c.unit_id), c.to_doc())
 
@@ -76,13 +82,17 @@ def update_control(pool: Path, unit_id: str, fn: Callable[[Control], None]) -> C
         c = find_control(pool, unit_id)
         if c is None:
             return None
+        before = (c.interval, c.start_time)
         fn(c)
-        save_control(pool, c)
+        # a sync's outcome is written here after every sync: the scheduler hears of it only
+        # when what it keys on changed
+        (save_control if (c.interval, c.start_time) != before else _write)(pool, c)
         return c
 
 
 def remove_control(pool: Path, unit_id: str) -> None:
     store.remove(control_path(pool, unit_id))
+    schedule_changes.mark(pool, unit_id)
 
 
 def control_from_origin(st) -> Control | None:

@@ -26,7 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-from ... import store
+from ... import schedule_changes, store
 from ...errors import CorruptMetadata
 from ...host.reflink import clone_file
 from ...layout import PoolLayout
@@ -229,6 +229,8 @@ def adopt(layout: PoolLayout, st: UnitState, prepared: Prepared, *, epoch: int, 
     if report is not None:
         st.add_report(report)
     save_state(layout.root, st)
+    if demote:          # no longer primary here: the scheduler drops it
+        schedule_changes.mark(layout.root, st.unit_id)
     _roll(layout, st.unit_id, prepared.dir, meta)
     if old != st.generation:
         _rmtree(layout.snap_dir(st.unit_id, old))
@@ -271,4 +273,5 @@ def release_unit(pool, unit_id: str) -> bool:
                 else:
                     child.unlink()
     shutil.rmtree(d, ignore_errors=True)
+    schedule_changes.mark(pool, unit_id)
     return True

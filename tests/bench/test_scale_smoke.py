@@ -1,0 +1,33 @@
+"""bench.scale's code paths with tiny sizes: a real two-site, three-node lab, a growth run of
+two sizes, and the growth table's figures checked for shape and sense, never speed."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import scale
+
+pytestmark = pytest.mark.bench
+
+
+def test_growth_run_reports_a_row_per_size(capsys):
+    assert scale.main(["--growth", "3,6", "--mib", "4", "--interval", "4", "--warmup", "10",
+                       "--growth-duration", "12", "--duration", "12", "--sample-every", "2",
+                       "--failovers", "0", "--creates-under-load", "2", "--pool-size", "1G",
+                       "--page", "2", "--json"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    out = json.loads(lines[-1])
+    assert [st["volumes"] for st in out["stages"]] == [3, 6]
+    assert sum(1 for line in lines if line.startswith("| 3 |") or line.startswith("| 6 |")) == 2
+    for st in out["stages"]:
+        n = st["volumes"]
+        assert st["syncs"] > 0 and st["redis_cmds_per_sync"] > 0
+        assert st["drift_s"]["n"] > 0 and st["drift_s"]["p50"] >= 0
+        assert st["status_all"]["rows"] == n                      # every enabled unit, once
+        assert st["status_all"]["pages"] >= n // 2                # pages of two
+        assert st["metrics_scrape"]["bytes"] > 0 and st["metrics_scrape"]["s"] > 0
+        assert st["redis_a_memory_bytes"] > 0 and st["redis_a_keys"] > 0
+        assert st["create_under_load_ms"]["n"] == 2
+        assert st["cpu_s_per_sync"]["scheduler"] is not None and st["cpu_s_per_sync"]["worker"] > 0
+        assert st["rss_peak_mib"]["scheduler"] > 0 and st["rss_peak_mib"]["worker"] > 0
