@@ -1,6 +1,6 @@
 """drsvc core: volumes, groups, replication state and per-site config.
 
-This package imports no grpc, celery or apscheduler, and only the SSH transport
+This package imports no grpc, celery or redis, and only the SSH transport
 (drsvc.transport.ssh) imports paramiko: tests/unit/test_layers.py holds it to that.
 """
 import os

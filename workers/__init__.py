@@ -1,1 +1,1 @@
-"""Celery workers and the APScheduler loop: edges over the drsvc core."""
+"""Celery workers and the scheduler loop: edges over the drsvc core."""

@@ -4,7 +4,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-EDGE_LIBS = {"grpc", "celery", "apscheduler", "kombu", "redis", "prometheus_client", "flower", "rich"}
+EDGE_LIBS = {"grpc", "celery", "kombu", "redis", "prometheus_client", "flower", "rich"}
 EDGE_PKGS = {"csi_plugin", "workers", "drsvc_cli", "drsvc_lab"}
 
 
