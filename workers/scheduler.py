@@ -27,10 +27,10 @@ from apscheduler.triggers.interval import IntervalTrigger
 from drsvc.config import SiteConfig, load
 from drsvc.pool import Pool
 from drsvc.schedule import catch_up, phase, slot_at_or_before
-from drsvc.replication.control import list_schedules, write_next_runs
+from drsvc.replication.control import list_schedules, list_verify_schedules, write_next_runs
 
 from .redis_client import connect
-from .tasks import sync_marker
+from .tasks import sync_marker, verify_marker
 from .titles import set_title
 
 log = logging.getLogger("workers.scheduler")
@@ -60,6 +60,33 @@ def enqueue_sync(config_path: str, unit_id: str, interval: int, ph: float | None
         kwargs["scheduled_at"] = round(slot_at_or_before(time.time(), interval, ph), 3)
     app.send_task("drsvc.sync", args=[unit_id], kwargs=kwargs, queue=cfg.queue_for("sync"))
     log.info("queued scheduled sync of %s", unit_id)
+
+
+def enqueue_verify(config_path: str, unit_id: str, interval: int, node: str = "") -> None:
+    """The verify job's body: queue one verify of a replica held here unless one is queued or
+    running (its marker lasts as long as a verify may: the interval, at most a day)."""
+    app = _app(config_path, node)
+    cfg = app.drsvc_config
+    r = connect(cfg.redis_url, socket_timeout=10)
+    if not r.set(verify_marker(cfg.scope, unit_id), "1", nx=True, ex=max(60, min(interval, 86400))):
+        log.info("verify of %s still queued or running; not queueing another", unit_id)
+        return
+    app.send_task("drsvc.verify", args=[unit_id], kwargs={"trigger": "schedule"}, queue=cfg.queue_for("verify"))
+    log.info("queued scheduled verify of %s", unit_id)
+
+
+def wanted_jobs(cfg: SiteConfig) -> dict:
+    """The scheduler's jobs: a sync of every unit primary here, a verify of every replica held
+    here that has a verify interval (the class's drsvc.io/verifyInterval, or verify_interval)."""
+    node = cfg.node_id if cfg.is_node else ""
+    out = {}
+    for s in list_schedules(cfg.pool):
+        ph = phase(s.unit_id, s.interval, s.start_time)
+        out[f"sync:{s.unit_id}"] = (s, ph, enqueue_sync, [str(cfg.path), s.unit_id, s.interval, ph, node])
+    for s in list_verify_schedules(cfg.pool, cfg.verify_interval):
+        ph = phase(f"verify:{s.unit_id}", s.interval)
+        out[f"verify:{s.unit_id}"] = (s, ph, enqueue_verify, [str(cfg.path), s.unit_id, s.interval, node])
+    return out
 
 
 class SiteScheduler:
@@ -123,28 +150,27 @@ class SiteScheduler:
             log.info("scheduler %s is no longer leader", self.identity)
 
     def reconcile(self) -> None:
-        wanted = {f"sync:{s.unit_id}": s for s in list_schedules(self.cfg.pool)}
+        wanted = wanted_jobs(self.cfg)
         for job in self.sched.get_jobs():
             if job.id not in wanted:
                 job.remove()
-        for job_id, s in wanted.items():
+        for job_id, (s, ph, body, args) in wanted.items():
             job = self.sched.get_job(job_id)
             if job is not None and job.trigger.interval.total_seconds() == s.interval:
                 continue
             # slots at a fixed phase per unit (drsvc.schedule.phase): units spread over the
             # interval, and any leader computes the same slots
-            ph = phase(s.unit_id, s.interval, s.start_time)
             start = datetime.fromtimestamp(ph, UTC)
-            self.sched.add_job(enqueue_sync, IntervalTrigger(seconds=s.interval, start_date=start),
-                               id=job_id, args=[str(self.cfg.path), s.unit_id, s.interval, ph, self.cfg.node_id if self.cfg.is_node else ""],
-                               replace_existing=True, name=f"sync {s.unit_id} every {s.interval}s")
-            log.info("scheduled %s every %ss", s.unit_id, s.interval)
+            what = job_id.split(":", 1)[0]
+            self.sched.add_job(body, IntervalTrigger(seconds=s.interval, start_date=start), id=job_id, args=args,
+                               replace_existing=True, name=f"{what} {s.unit_id} every {s.interval}s")
+            log.info("scheduled %s of %s every %ss", what, s.unit_id, s.interval)
         self._publish_next_runs()
 
     def _publish_next_runs(self) -> None:
         """Each unit's next run, for `drsvc status` (read by drsvc.replication.control.health.next_sync)."""
         runs = {job.id.removeprefix("sync:"): job.next_run_time.timestamp()
-                for job in self.sched.get_jobs() if job.next_run_time is not None}
+                for job in self.sched.get_jobs() if job.next_run_time is not None and job.id.startswith("sync:")}
         if runs != self._published:
             write_next_runs(self.cfg.pool, runs)
             self._published = runs

@@ -99,6 +99,7 @@ def record_generation(layout: PoolLayout, tx: dict, *, began: float | None = Non
         unit_origin.ensure_replicas(layout.root, tx["unit"], tx["kind"], tx["origin"])
     commit_points.after_commit(layout, tx)      # the new recovery point; pruning
     now = time.time()   # the receive record (read by control.health)
+    st.receiving_since = st.receiving_since or now     # a verify never run is owed from here
     st.add_received({"generation": tx["target"], "txid": tx["txid"], "received_at": now,
                      "duration_s": round(now - began, 4) if began else 0.0, "bytes": int(nbytes),
                      "captured_at": tx.get("captured_at")})
