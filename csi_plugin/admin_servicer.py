@@ -32,9 +32,8 @@ def verify_response(out: dict) -> admin_pb2.VerifyResponse:
     """A verify's outcome (``drsvc.replication.control.scrub``) as the Admin API answers it."""
     if out.get("skipped"):
         return admin_pb2.VerifyResponse(result="skipped", skipped=out["skipped"])
-    result = {True: "clean", False: "mismatch", None: "incomplete"}[out.get("ok")]
     return admin_pb2.VerifyResponse(
-        result=result, generation=out["generation"], end_generation=out["end_generation"],
+        result=out["result"], generation=out["generation"], end_generation=out["end_generation"],
         mismatched_blocks=out["mismatched_blocks"], repair_requested=out.get("repair_requested", False),
         mismatches=[admin_pb2.Mismatch(volume_id=m["volume"], offset=m["offset"], length=m["length"],
                                        against=m["against"], generation=m["generation"],

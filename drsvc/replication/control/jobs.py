@@ -299,6 +299,9 @@ class ReplicationJobs:
         if st.role == "primary":
             return {"role": "primary", "epoch": st.epoch}
         if not force:
+            # a replica known bad first: it is the reason a planned promote would be wrong too
+            if (v := VerifyRecord.find(self.pool, unit_id).judge(st))["failed"]:
+                raise ReplicaKnownBad(unit_id=unit_id, detail=v["message"].removeprefix("VERIFY_FAILED: "))
             if st.peer_demoted_at is None or st.peer_demoted_at != st.generation:
                 raise PeerNotDemoted(
                     f"the peer has not demoted {unit_id} at this site's generation {st.generation}"
@@ -306,8 +309,6 @@ class ReplicationJobs:
                     + "; demote it first, or promote with force", unit_id=unit_id, generation=st.generation)
             if st.diverged or st.resync_requested:
                 raise NeedsResync(unit_id=unit_id)
-            if (v := VerifyRecord.find(self.pool, unit_id).judge(st))["failed"]:
-                raise ReplicaKnownBad(unit_id=unit_id, detail=v["message"].removeprefix("VERIFY_FAILED: "))
         c = find_control(self.pool, unit_id) or control_from_origin(st)
         if c is None:
             raise PeerNotRecorded(unit_id=unit_id)
@@ -374,7 +375,7 @@ class ReplicationJobs:
         record = VerifyRecord.find(self.pool, unit_id)
         record.add(run)
         repair = repair or (trigger == "schedule" and self.cfg.verify_repair)
-        if run["ok"] is False:
+        if run["result"] == "mismatch":
             log.warning("verify of %s: %d block(s) of generation %d differ (first %s)", unit_id,
                         run["mismatched_blocks"], run["generation"], run["mismatches"][:3])
             if repair:
@@ -383,8 +384,8 @@ class ReplicationJobs:
                 log.info("verify of %s: repair asked for (the primary's next sync compares)", unit_id)
         else:
             log.info("verify of %s at generation %d: %s, %d bytes read in %.1fs", unit_id, run["generation"],
-                     "clean" if run["ok"] else "incomplete", run["bytes_read"], run["duration_s"])
-        return {**run, "repair_requested": bool(repair and run["ok"] is False)}
+                     run["result"], run["bytes_read"], run["duration_s"])
+        return {**run, "repair_requested": bool(repair and run["result"] == "mismatch")}
 
     def run_disable(self, unit_id: str) -> dict:
         from ..sender.base_store import release_unit

@@ -89,13 +89,14 @@ class Scrub:
 
     def _outcome(self, t0: float, complete: bool) -> dict:
         f = self.found
-        ok = False if f.blocks else (True if complete and (self.recorded or self.primary is not None) else None)
-        if ok is None and complete:
+        result = "mismatch" if f.blocks else (
+            "clean" if complete and (self.recorded or self.primary is not None) else "incomplete")
+        if result == "incomplete" and complete:
             self.notes.append("nothing to compare with: no recorded block map and the primary did not answer")
         return {"unit_id": self.unit_id, "generation": self.st0.generation,
                 "end_generation": self.end_generation or self.st0.generation,
                 "started_at": t0, "finished_at": time.time(), "duration_s": round(time.time() - t0, 3),
-                "ok": ok, "complete": complete, "mismatched_blocks": f.blocks, "mismatches": f.named[:NAMED],
+                "result": result, "complete": complete, "mismatched_blocks": f.blocks, "mismatches": f.named[:NAMED],
                 "checked": {"recorded": self.recorded, "primary": self.primary is not None},
                 "skipped_blocks": f.skipped, "bytes_read": self.pacer.done, "windows": self.windows,
                 "read_rate": self.pacer.rate, "notes": self.notes}

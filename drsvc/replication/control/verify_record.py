@@ -28,9 +28,9 @@ class VerifyRecord:
     def add(self, run: dict) -> None:
         d = self.doc
         d["last"] = run
-        if run["ok"] is False:
+        if run["result"] == "mismatch":
             d["failure"], d["repair"] = run, None
-        elif run["ok"] is True:
+        elif run["result"] == "clean":
             d["failure"], d["repair"] = None, None
         if run["complete"]:
             d["last_complete_at"] = run["finished_at"]
