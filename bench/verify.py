@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from drsvc.replication.common.blockmap import hash_range
-from drsvc.replication.control.scrub_plan import WINDOW_BYTES, plan_windows
+from drsvc.replication.common import hash_range
+from drsvc.replication.control import VERIFY_WINDOW_BYTES as WINDOW_BYTES, plan_windows
 
 BS = 4096
 CHUNK = 1 << 20

@@ -30,7 +30,7 @@ _EXPORTS = {
     "find_control": "relationship",
     "next_sync": "health", "write_next_runs": "health",
     "connect": "peers", "seed_base": "takeover",
-    "JOB_MODULES": "jobs",
+    "JOB_MODULES": "jobs", "plan_windows": "scrub_plan", "VERIFY_WINDOW_BYTES": "scrub_plan:WINDOW_BYTES",
 }
 __getattr__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted(_EXPORTS)
