@@ -1,4 +1,4 @@
-"""drsvc.admin.v1.Admin: operator status, sync-now, drill clones and recovery points."""
+"""drsvc.admin.v1.Admin: operator status, sync-now, verify, drill clones and recovery points."""
 from __future__ import annotations
 
 import time
@@ -22,7 +22,25 @@ def status_message(info, unit_id: str, kind: str, members, pool=None) -> admin_p
         lag_seconds=info.lag_seconds, missed_intervals=info.missed_intervals,
         consecutive_failures=info.consecutive_failures, failures_total=info.failures_total,
         syncs_total=info.syncs_total, sent_bytes_total=info.sent_bytes_total,
-        changed_bytes_total=info.changed_bytes_total)
+        changed_bytes_total=info.changed_bytes_total, verify_interval_seconds=info.verify_interval,
+        last_verify_time=info.last_verify_time, verify_failed=info.verify_failed,
+        verify_mismatched_blocks=info.verify_mismatched_blocks, verify_generation=info.verify_generation,
+        verify_message=info.verify_message)
+
+
+def verify_response(out: dict) -> admin_pb2.VerifyResponse:
+    """A verify's outcome (``drsvc.replication.control.scrub``) as the Admin API answers it."""
+    if out.get("skipped"):
+        return admin_pb2.VerifyResponse(result="skipped", skipped=out["skipped"])
+    return admin_pb2.VerifyResponse(
+        result=out["result"], generation=out["generation"], end_generation=out["end_generation"],
+        mismatched_blocks=out["mismatched_blocks"], repair_requested=out.get("repair_requested", False),
+        mismatches=[admin_pb2.Mismatch(volume_id=m["volume"], offset=m["offset"], length=m["length"],
+                                       against=m["against"], generation=m["generation"],
+                                       reason=m.get("reason", "")) for m in out["mismatches"]],
+        bytes_read=out["bytes_read"], duration_seconds=out["duration_s"],
+        checked_recorded=out["checked"]["recorded"], checked_primary=out["checked"]["primary"],
+        rewritten_blocks=out["skipped_blocks"], notes=out["notes"])
 
 
 def live_status(pool, unit_id: str, info=None) -> dict:
@@ -73,6 +91,11 @@ class Admin(admin_pb2_grpc.AdminServicer):
             base_generation=out.get("base_generation", 0), target_generation=out.get("target_generation", 0),
             bytes_on_wire=out.get("bytes_on_wire", 0), bytes_changed=out.get("bytes_changed", 0),
             duration_seconds=out.get("duration_s", 0.0), skipped=out.get("skipped", ""))
+
+    @rpc
+    def Verify(self, req, context):
+        return verify_response(self.requests.verify(self._unit(req.unit), repair=req.repair,
+                                                    wait=req.wait_seconds or None))
 
     @rpc
     def CloneReplica(self, req, context):

@@ -68,10 +68,11 @@ from . import redis_url
 from .ids import check_id
 from .rate_schedule import RateSchedule, ScheduleInvalid, is_schedule, parse_schedule, zone
 from .retention import check_grid
+from .schedule import DEFAULT_VERIFY_INTERVAL, parse_verify_interval
 
 
 # operations that move data (the data queue); every other operation is control
-DATA_OPS = frozenset({"sync"})
+DATA_OPS = frozenset({"sync", "verify"})
 
 # The keys each transport needs in its [peers.<name>] table (drsvc.replication.control.peers builds it).
 TRANSPORT_KEYS = {"ssh": ("host", "known_hosts", "key"), "local": ("pool",)}
@@ -156,6 +157,9 @@ class SiteConfig:
     bwlimit: int = 0        # bytes per second for all syncs of the site together (0: no cap)
     bwschedule: RateSchedule | None = None   # bwlimit by the hour (then bwlimit is its default)
     timezone: str = "UTC"   # the zone a bwlimit schedule's hours are read in
+    verify_interval: int = DEFAULT_VERIFY_INTERVAL   # seconds between verifies of a replica held here (0: none)
+    verify_read_rate: int = 0   # bytes per second a verify reads (0: no cap)
+    verify_repair: bool = False   # a scheduled verify that finds mismatches asks for their repair
 
     @property
     def multinode(self) -> bool:
@@ -417,6 +421,21 @@ def redis_url_with_password(url: str, password: str | None, where: str) -> str:
         raise ConfigInvalid(where=where, reason=str(e)) from None
 
 
+def _verify(doc: dict, where: str) -> dict:
+    """The site's verify (scrub) settings: verify_interval, verify_read_rate, verify_repair."""
+    try:
+        interval = parse_verify_interval(str(doc.get("verify_interval", DEFAULT_VERIFY_INTERVAL)),
+                                         "verify_interval")
+    except DrsvcError as e:
+        raise ConfigInvalid(where=where, reason=f"verify_interval: {e.message}") from None
+    repair = doc.get("verify_repair", False)
+    if not isinstance(repair, bool):
+        raise ConfigInvalid(where=where, reason="verify_repair: true or false")
+    return {"verify_interval": interval, "verify_read_rate": parse_bwlimit(doc.get("verify_read_rate", 0), where,
+                                                                           "verify_read_rate"),
+            "verify_repair": repair}
+
+
 def parse(doc: dict, path: Path | None = None, node: str = "") -> SiteConfig:
     where = str(path or "site config")
     base = path.parent if path else Path.cwd()
@@ -453,7 +472,7 @@ def parse(doc: dict, path: Path | None = None, node: str = "") -> SiteConfig:
                       zone=check_id(doc["zone"], "zone") if doc.get("zone") else "", nodes=nodes,
                       node_call_timeout=float(doc.get("node_call_timeout", 30.0)),
                       retention=_retention(doc, where),
-                      bwlimit=bwlimit, bwschedule=bwschedule, timezone=tz_name)
+                      bwlimit=bwlimit, bwschedule=bwschedule, timezone=tz_name, **_verify(doc, where))
     return cfg.for_node(node) if node else cfg
 
 

@@ -248,6 +248,11 @@ class NeedsResync(PreconditionFailed):
     template = "{unit_id} needs a resync before it can be promoted"
 
 
+class ReplicaKnownBad(PreconditionFailed):
+    template = ("the replica of {unit_id} failed its verify: {detail}; repair it first "
+                "(`drsvc verify --repair`), or promote with force to take it as it is")
+
+
 class PeerNotDemoted(PreconditionFailed):
     template = "the peer has not demoted {unit_id} at this site's generation {generation}"
 

@@ -19,6 +19,7 @@ name, so no path escapes the pool::
     replication/<unit_id>/control.json          this site's settings and outcomes (replication.control)
     replication/<unit_id>/snap/<gen>/           sender: reflink snapshots + block maps
     replication/<unit_id>/journal/              receiver: the open transaction
+    replication/<unit_id>/verify.json           a secondary's last verify (scrub) of its replica
     replication/<unit_id>/points/index.json     receiver: the unit's recovery points (one document)
     replication/<unit_id>/points/<gen>/         a point's meta.json, per member <vol>.undo (the bytes
                                                 later generations overwrote) or <vol>.img (a whole image)
@@ -127,6 +128,14 @@ class PoolLayout:
 
     def lock_path(self, unit_id: str) -> Path:
         return self.unit_dir(unit_id) / ".lock"
+
+    def verify_path(self, unit_id: str) -> Path:
+        """The last verify of a secondary's replica (``drsvc.replication.control.scrub``)."""
+        return self.unit_dir(unit_id) / "verify.json"
+
+    def verify_tmp(self, unit_id: str) -> Path:
+        """A verify's scratch directory (block maps it fetched or copied)."""
+        return self.unit_dir(unit_id) / "verify-tmp"
 
     def role_lock_path(self, unit_id: str) -> Path:
         """Held by a promote, demote or resync for its whole run (the unit's lock is taken

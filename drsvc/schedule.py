@@ -15,7 +15,7 @@ MIN_INTERVAL = 1
 MAX_INTERVAL = 7 * 86400
 
 
-def parse_interval(text: str) -> int:
+def parse_interval(text: str, key: str = "schedulingInterval", maximum: int = MAX_INTERVAL) -> int:
     """'30s', '5m', '1h', '1h30m', or a bare number of seconds -> seconds."""
     text = (text or "").strip()
     if text.isascii() and text.isdigit():
@@ -23,11 +23,23 @@ def parse_interval(text: str) -> int:
     else:
         parts = _PART.findall(text)
         if not parts or "".join(n + u for n, u in parts) != text:
-            raise InvalidParameter(key="schedulingInterval", reason=f"{text!r} is not like 30s, 5m, 1h or 1h30m")
+            raise InvalidParameter(key=key, reason=f"{text!r} is not like 30s, 5m, 1h or 1h30m")
         secs = sum(int(n) * _UNITS[u] for n, u in parts)
-    if not MIN_INTERVAL <= secs <= MAX_INTERVAL:
-        raise InvalidParameter(key="schedulingInterval", reason=f"must be between {MIN_INTERVAL}s and 7d")
+    if not MIN_INTERVAL <= secs <= maximum:
+        raise InvalidParameter(key=key, reason=f"must be between {MIN_INTERVAL}s and {maximum // 86400}d")
     return secs
+
+
+MAX_VERIFY_INTERVAL = 90 * 86400
+DEFAULT_VERIFY_INTERVAL = 7 * 86400
+
+
+def parse_verify_interval(text: str, key: str = "drsvc.io/verifyInterval") -> int:
+    """A verify (scrub) interval: like a sync interval, up to 90d; "0" or "off": none."""
+    text = (text or "").strip()
+    if text in ("0", "off"):
+        return 0
+    return parse_interval(text, key, MAX_VERIFY_INTERVAL)
 
 
 def parse_start_time(text: str) -> float | None:

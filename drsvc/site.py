@@ -58,7 +58,8 @@ class Site:
         groups = GroupService(pool, volumes, in_use=node.in_use,
                               replicated=functools.partial(is_enabled, pool.root),
                               replica_of=functools.partial(is_secondary, pool.root))
-        status = ReplicationStatus(site_id, pool.root, volumes, groups)
+        status = ReplicationStatus(site_id, pool.root, volumes, groups,
+                                   verify_interval=config.verify_interval if config is not None else 0)
         replication = None
         if config is not None and dispatcher is not None:
             replication = build(config, status, dispatcher, volumes=volumes, groups=groups, node=node,

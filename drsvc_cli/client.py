@@ -39,6 +39,10 @@ def _status(s) -> dict:
             "next_sync_time": s.next_sync_time or None,
             "syncs_total": s.syncs_total, "sent_bytes_total": s.sent_bytes_total,
             "changed_bytes_total": s.changed_bytes_total,
+            "verify": ({"interval_seconds": s.verify_interval_seconds, "last_time": s.last_verify_time or None,
+                        "failed": s.verify_failed, "mismatched_blocks": s.verify_mismatched_blocks,
+                        "generation": s.verify_generation, "message": s.verify_message}
+                       if s.role == "secondary" else None),
             "progress": ({"bytes_sent": s.progress_bytes_sent, "bytes_planned": s.progress_bytes_planned,
                           "rate_bps": round(s.progress_rate, 1)} if s.progress_bytes_planned or
                          s.progress_bytes_sent else None)}
@@ -178,6 +182,18 @@ class DrClient:
         return {"base_generation": r.base_generation, "target_generation": r.target_generation,
                 "bytes_on_wire": r.bytes_on_wire, "bytes_changed": r.bytes_changed,
                 "duration_seconds": r.duration_seconds, "skipped": r.skipped}
+
+    def verify(self, *, volume_id: str = "", group_id: str = "", repair: bool = False, wait: float = 0) -> dict:
+        r = self._call(self.admin.Verify, admin_pb2.VerifyRequest(unit=self.unit(volume_id, group_id),
+                                                                  repair=repair, wait_seconds=wait))
+        return {"result": r.result, "generation": r.generation, "end_generation": r.end_generation,
+                "mismatched_blocks": r.mismatched_blocks, "repair_requested": r.repair_requested,
+                "mismatches": [{"volume_id": m.volume_id, "offset": m.offset, "length": m.length,
+                                "against": m.against, "generation": m.generation, "reason": m.reason}
+                               for m in r.mismatches],
+                "bytes_read": r.bytes_read, "duration_seconds": round(r.duration_seconds, 3),
+                "checked": {"recorded": r.checked_recorded, "primary": r.checked_primary},
+                "rewritten_blocks": r.rewritten_blocks, "notes": list(r.notes), "skipped": r.skipped}
 
     def clone_replica(self, prefix: str, *, volume_id: str = "", group_id: str = "", point: str = "") -> dict:
         r = self._call(self.admin.CloneReplica, admin_pb2.CloneReplicaRequest(

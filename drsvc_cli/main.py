@@ -1,7 +1,7 @@
 """`drsvc`: DR runbooks over the plugin socket (the same API a CO uses).
 
 One module per command group: cmd_site, cmd_objects (volume, group), cmd_replication (enable,
-disable, promote, demote, resync, sync-now, clone), cmd_status, cmd_points, cmd_services (worker,
+disable, promote, demote, resync, sync-now, clone), cmd_status, cmd_points, cmd_verify, cmd_services (worker,
 scheduler, metrics, flower, demo). Every state-changing command says what changed and where
 (drsvc_cli/changes.py). Exit codes (drsvc_cli/errors.py, also in the README): 0 success,
 1 failure, 2 usage error, 3 retryable (operation in progress or site unavailable), 4 refused
@@ -15,7 +15,7 @@ import sys
 
 import grpc
 
-from . import cmd_objects, cmd_points, cmd_replication, cmd_services, cmd_site, cmd_status
+from . import cmd_objects, cmd_points, cmd_replication, cmd_services, cmd_site, cmd_status, cmd_verify
 from .errors import EXIT_BY_CODE, EXIT_FAIL, EXIT_NOT_FOUND, EXIT_OK, EXIT_REFUSED, EXIT_RETRY, EXIT_USAGE  # noqa: F401
 from .errors import CliError, UsageError
 from .output import Output
@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmd_replication.add_parsers(sub, common, unit)
     cmd_status.add_parsers(sub, common, unit)
     cmd_points.add_parsers(sub, common, unit)
+    cmd_verify.add_parsers(sub, common, unit)
     cmd_services.add_parsers(sub, common)
     return ap
 

@@ -62,6 +62,15 @@ class Output:
             self.table(*table)
         return EXIT_OK
 
+    def finding(self, command: str, result: dict, exit_code: int, code: str, message: str) -> int:
+        """--json of a check that ran: its result, and when it found a fault (*exit_code* not 0)
+        also the error object an automation keys on."""
+        if exit_code == EXIT_OK:
+            return self.result(command, result)
+        print(json.dumps({"ok": False, "command": command, "exit_code": exit_code, "result": for_json(result),
+                          "error": {"code": code, "message": message}}, sort_keys=True, default=str))
+        return exit_code
+
     def error(self, command: str, code: str, message: str, exit_code: int) -> int:
         if self.json:
             print(json.dumps({"ok": False, "command": command, "exit_code": exit_code,

@@ -10,7 +10,18 @@ import time
 from . import humanize as H
 
 WIDE = 150
-HEALTH_STYLE = {"HEALTHY": "green", "DEGRADED": "yellow", "ERROR": "red", "UNKNOWN": "dim"}
+HEALTH_STYLE = {"HEALTHY": "green", "DEGRADED": "yellow", "ERROR": "red", "UNKNOWN": "dim",
+                "VERIFY_FAILED": "bold red"}
+
+
+def _verified(r, now) -> str:
+    v = r.get("verify")
+    if not v:
+        return "-"
+    every = f"every {H.duration(v['interval_seconds'])}" if v["interval_seconds"] else "not scheduled"
+    last = H.instant(v["last_time"], now) if v["last_time"] else "never"
+    bad = f"; FAILED: {v['mismatched_blocks']} block(s) of generation {v['generation']} differ" if v["failed"] else ""
+    return f"last {last} ({every}){bad}"
 
 
 def _progress(r) -> str:
@@ -46,6 +57,7 @@ def rows(statuses, now: float | None = None) -> list[dict]:
             "transfer": (f"{H.size(r['last_sync_bytes'])} in {H.duration(r['last_sync_duration'])}"
                          if r["last_sync_time"] else "-"),
             "next": _next(r, now), "progress": _progress(r), "message": r["status_message"],
+            "verified": _verified(r, now),
             "short": {"lag": ("age " if sec else "") + f"{H.duration(r['lag_seconds'])} / {H.duration(r['interval_seconds'])}",
                       "last": H.short_instant(r["last_sync_time"], now),
                       "transfer": (f"{H.size(r['last_sync_bytes'])}, {H.duration(r['last_sync_duration'])}"
@@ -104,6 +116,8 @@ def render(console, statuses, now: float | None = None, member: str = "") -> Non
         t.add_row("last sync" if v["role"] == "primary" else "last received", v["last"])
         t.add_row("transfer", v["transfer"])
         t.add_row("next sync", v["next"])
+        if v["role"] == "secondary":
+            t.add_row("verified", v["verified"])
         if v["progress"] != "-":
             t.add_row("running", v["progress"])
         t.add_row("message", v["message"])

@@ -38,6 +38,15 @@ GAUGES = {
     "consecutive_failures": ("Sync failures since the last success", lambda i: i.consecutive_failures),
     "schedule_delay_seconds": ("Primary: how late the last scheduled sync started after its slot "
                                "(scheduler drift plus queueing)", lambda i: i.schedule_delay),
+    "verify_failed": ("Secondary only: 1 while a verify of the replica found blocks that differ and they are "
+                      "not repaired", lambda i: (1.0 if i.verify_failed else 0.0) if i.role == "secondary" else None),
+    "verify_mismatched_blocks": ("Secondary only: blocks the last failed verify found different (0: none "
+                                 "known)", lambda i: i.verify_mismatched_blocks if i.role == "secondary" else None),
+    "last_verify_timestamp_seconds": ("Secondary only: end of the last complete verify of the replica (never "
+                                      "verified: its first receive; unix time)",
+                                      lambda i: i.last_verify_time if i.role == "secondary" else None),
+    "verify_interval_seconds": ("Secondary only: the verify interval (drsvc.io/verifyInterval or the site's "
+                                "verify_interval; 0: none)", lambda i: i.verify_interval if i.role == "secondary" else None),
 }
 
 
@@ -77,7 +86,7 @@ class ReplicationCollector:
                     g[name].add_metric(lv, v)
             for r in ("primary", "secondary"):
                 role.add_metric(lv + [r], 1.0 if info.role == r else 0.0)
-            for st in ("HEALTHY", "DEGRADED", "ERROR", "UNKNOWN"):
+            for st in ("HEALTHY", "DEGRADED", "ERROR", "UNKNOWN", "VERIFY_FAILED"):
                 health.add_metric(lv + [st], 1.0 if info.status == st else 0.0)
             failures.add_metric(lv, info.failures_total)
             syncs.add_metric(lv + ["success"], info.syncs_total)

@@ -28,17 +28,19 @@ from drsvc import schedule_changes
 from drsvc.config import SiteConfig, load
 from drsvc.pool import Pool
 from drsvc.schedule import catch_up, phase, slot_at_or_before
-from drsvc.replication.control import list_schedules, schedule_of, write_next_runs
+from drsvc.replication.control import list_schedules, list_verify_schedules, schedule_of, verify_schedule_of
+from drsvc.replication.control import write_next_runs
 
 from .due_runs import DueIndex, Run, RunTable
 from .redis_client import connect
-from .tasks import sync_marker
+from .tasks import sync_marker, verify_marker
 from .titles import set_title
 
 log = logging.getLogger("workers.scheduler")
 LEASE_S = 15
 PUBLISH_EVERY_S = 30.0      # the next runs are republished at most this often once runs fired
-SWEEP_EVERY_S = 3600.0      # every unit is read again this often (a change whose mark was lost)
+SWEEP_EVERY_S = 3600.0
+VERIFY_PREFIX = "verify:"   # a replica's verify run, beside its unit's sync run (keyed by the unit id)      # every unit is read again this often (a change whose mark was lost)
 
 
 @lru_cache(maxsize=4)
@@ -69,6 +71,19 @@ def enqueue_sync(config_path: str, unit_id: str, interval: int, ph: float | None
         kwargs["scheduled_at"] = round(slot_at_or_before(time.time(), interval, ph), 3)
     app.send_task("drsvc.sync", args=[unit_id], kwargs=kwargs, queue=cfg.queue_for("sync"), ignore_result=True)
     log.info("queued scheduled sync of %s", unit_id)
+
+
+def enqueue_verify(config_path: str, unit_id: str, interval: int, node: str = "") -> None:
+    """The verify job's body: queue one verify of a replica held here unless one is queued or
+    running (its marker lasts as long as a verify may: the interval, at most a day)."""
+    app = _app(config_path, node)
+    cfg = app.drsvc_config
+    if not _redis(config_path, node).set(verify_marker(cfg.scope, unit_id), "1", nx=True, ex=max(60, min(interval, 86400))):
+        log.info("verify of %s still queued or running; not queueing another", unit_id)
+        return
+    app.send_task("drsvc.verify", args=[unit_id], kwargs={"trigger": "schedule"}, queue=cfg.queue_for("verify"),
+                  ignore_result=True)
+    log.info("queued scheduled verify of %s", unit_id)
 
 
 def first_slot_after(now: float, interval: int, ph: float) -> float:
@@ -135,28 +150,45 @@ class SiteScheduler:
         self._load(catch_up_missed=True)
         log.info("scheduler %s is leader for site %s", self.identity, self.cfg.site)
 
+    def _wanted(self, unit_id: str | None = None) -> dict[str, tuple[int, float]]:
+        """The runs a unit (or, without one, every unit) wants here, by job key -> (interval,
+        phase): its sync while it is primary here (key: the unit id), its verify while its
+        replica is held here (key: VERIFY_PREFIX + the unit id). Slots sit at a fixed phase
+        per job (drsvc.schedule.phase): jobs spread over the interval, and any leader
+        computes the same slots."""
+        pool, default = self.cfg.pool, self.cfg.verify_interval
+        if unit_id is None:
+            syncs, verifies = list_schedules(pool), list_verify_schedules(pool, default)
+        else:
+            syncs = [s for s in (schedule_of(pool, unit_id),) if s is not None]
+            verifies = [s for s in (verify_schedule_of(pool, unit_id, default),) if s is not None]
+        out = {s.unit_id: (s.interval, phase(s.unit_id, s.interval, s.start_time)) for s in syncs}
+        for s in verifies:
+            key = VERIFY_PREFIX + s.unit_id
+            out[key] = (s.interval, phase(key, s.interval))
+        return out
+
     def _load(self, *, catch_up_missed: bool) -> None:
         """Every unit read afresh: on taking the lead (runs missed while no scheduler led, a
         leader change or a restart, are replayed at the pace they were due:
         drsvc.schedule.catch_up, not all at once), and on the slow sweep."""
         schedule_changes.take(self.cfg.pool)      # what they marked is read now
-        wanted = {s.unit_id: s for s in list_schedules(self.cfg.pool)}
-        self.work.units_read += len(wanted)
+        wanted = self._wanted()
+        self.work.units_read += len({k.removeprefix(VERIFY_PREFIX) for k in wanted})
         self.work.loads += 1
         stored = self.table.load() if catch_up_missed else {}
         now = time.time()
         missed, put = [], []
-        for unit_id, s in wanted.items():
-            ph = phase(s.unit_id, s.interval, s.start_time)
-            cur = self.index.runs.get(unit_id)
-            if cur is not None and (cur.interval, cur.phase) == (s.interval, ph):
+        for key, (every, ph) in wanted.items():
+            cur = self.index.runs.get(key)
+            if cur is not None and (cur.interval, cur.phase) == (every, ph):
                 continue
-            due, interval = stored.get(unit_id, (0.0, 0))
-            if not due or interval not in (0, s.interval):
-                due = first_slot_after(now, s.interval, ph)
+            due, interval = stored.get(key, (0.0, 0))
+            if not due or interval not in (0, every):
+                due = first_slot_after(now, every, ph)
             elif due < now:
-                missed.append((unit_id, due, s.interval))
-            put.append(Run(unit_id, due, s.interval, ph))
+                missed.append((key, due, every))
+            put.append(Run(key, due, every, ph))
         replay = catch_up(missed, now)
         put = [Run(r.unit_id, replay.get(r.unit_id, r.due), r.interval, r.phase) for r in put]
         for r in put:
@@ -173,35 +205,40 @@ class SiteScheduler:
                      max(replay.values()) - now)
 
     def _changes(self) -> int:
-        """The units marked changed, read again: added, rescheduled or dropped."""
+        """The units marked changed, read again: their runs added, rescheduled or dropped."""
         units = schedule_changes.take(self.cfg.pool)
         put, gone = [], []
         now = time.time()
         for unit_id in units:
-            s = schedule_of(self.cfg.pool, unit_id)
-            cur = self.index.runs.get(unit_id)
-            if s is None:
-                if cur is not None:
-                    log.info("unscheduled %s", unit_id)
-                gone.append(unit_id)
-                self.index.remove(unit_id)
-                continue
-            ph = phase(s.unit_id, s.interval, s.start_time)
-            if cur is not None and (cur.interval, cur.phase) == (s.interval, ph):
-                continue
-            # slots at a fixed phase per unit (drsvc.schedule.phase): units spread over the
-            # interval, and any leader computes the same slots
-            run = Run(unit_id, first_slot_after(now, s.interval, ph), s.interval, ph)
-            self.index.put(run)
-            put.append(run)
-            log.info("scheduled %s every %ss", unit_id, s.interval)
+            wanted = self._wanted(unit_id)
+            for key in (unit_id, VERIFY_PREFIX + unit_id):
+                cur = self.index.runs.get(key)
+                if key not in wanted:
+                    if cur is not None:
+                        log.info("unscheduled %s", key)
+                        self.index.remove(key)
+                    gone.append(key)
+                    continue
+                every, ph = wanted[key]
+                if cur is not None and (cur.interval, cur.phase) == (every, ph):
+                    continue
+                run = Run(key, first_slot_after(now, every, ph), every, ph)
+                self.index.put(run)
+                put.append(run)
+                log.info("scheduled %s every %ss", key, every)
         self.table.save(put, gone)
         self._dirty = self._dirty or bool(put or gone)
         self.work.units_read += len(units)
         return len(units)
 
+    def _enqueue(self, run: Run, node: str) -> None:
+        if run.unit_id.startswith(VERIFY_PREFIX):
+            enqueue_verify(str(self.cfg.path), run.unit_id.removeprefix(VERIFY_PREFIX), run.interval, node)
+        else:
+            enqueue_sync(str(self.cfg.path), run.unit_id, run.interval, run.phase, node)
+
     def _fire_due(self) -> int:
-        """Queue every due run; each unit's next run is its next slot."""
+        """Queue every due run; each job's next run is its next slot."""
         now = time.time()
         due = self.index.pop_due(now)
         if not due:
@@ -211,11 +248,11 @@ class SiteScheduler:
         for r in due:
             if broken is None:
                 try:
-                    enqueue_sync(str(self.cfg.path), r.unit_id, r.interval, r.phase, node)
+                    self._enqueue(r, node)
                 except redis.RedisError as e:       # the others of this tick would wait on it too
                     broken = e
             if broken is not None:
-                log.warning("sync of %s not queued: Redis unreachable (%s)", r.unit_id, type(broken).__name__)
+                log.warning("%s not queued: Redis unreachable (%s)", r.unit_id, type(broken).__name__)
             run = Run(r.unit_id, first_slot_after(max(now, r.due) + 1e-3, r.interval, r.phase), r.interval, r.phase)
             self.index.put(run)
             self._unsaved[run.unit_id] = run
@@ -227,7 +264,8 @@ class SiteScheduler:
         when the schedule changed, and at most every PUBLISH_EVERY_S while runs fire (a
         reader rolls a passed run forward on its grid meanwhile)."""
         if self._dirty or (self.work.fired and now - self._published_at >= PUBLISH_EVERY_S):
-            write_next_runs(self.cfg.pool, {u: r.due for u, r in self.index.runs.items()})
+            write_next_runs(self.cfg.pool, {u: r.due for u, r in self.index.runs.items()
+                                            if not u.startswith(VERIFY_PREFIX)})
             self._published_at, self._dirty = now, False
 
     def _save_fired(self) -> None:

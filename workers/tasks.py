@@ -22,7 +22,7 @@ from . import inflight, slots
 log = logging.getLogger(__name__)
 
 RELEASE_RETRY_S = 120.0   # how long a finished task keeps trying to drop its claim while Redis is away
-OPS = ("enable", "disable", "promote", "demote", "resync", "sync")
+OPS = ("enable", "disable", "promote", "demote", "resync", "sync", "verify")
 _services: dict = {}
 
 
@@ -60,6 +60,10 @@ def node_ops_for(app):
 
 def sync_marker(site: str, unit_id: str) -> str:
     return f"drsvc:{site}:sync-queued:{unit_id}"
+
+
+def verify_marker(site: str, unit_id: str) -> str:
+    return f"drsvc:{site}:verify-queued:{unit_id}"
 
 
 def _take_slot(app, r, peer: str, task_id: str):
@@ -162,8 +166,9 @@ class OpRun:
         task_id = self.task.request.id     # now: the task object serves the next request later
         try:
             inflight.release(self.r, self.cfg.scope, self.unit_id, task_id)
-            if self.op == "sync":
-                self.r.delete(sync_marker(self.cfg.scope, self.unit_id))
+            if self.op in ("sync", "verify"):
+                marker = sync_marker if self.op == "sync" else verify_marker
+                self.r.delete(marker(self.cfg.scope, self.unit_id))
         except redis.RedisError as e:
             # Redis away as the task ends (a restart): its answer may be lost with it, and a
             # claim left held would make every retry follow this finished task for hours.

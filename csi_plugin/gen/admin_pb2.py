@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from . import csi_pb2 as csi__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0b\x61\x64min.proto\x12\x0e\x64rsvc.admin.v1\x1a\tcsi.proto\"2\n\x04Unit\x12\x11\n\tvolume_id\x18\x01 \x01(\t\x12\x17\n\x0fvolume_group_id\x18\x02 \x01(\t\"\xae\x04\n\x11ReplicationStatus\x12\x0f\n\x07unit_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07members\x18\x03 \x03(\t\x12\x0c\n\x04role\x18\x04 \x01(\t\x12\r\n\x05\x65poch\x18\x05 \x01(\x03\x12\x12\n\ngeneration\x18\x06 \x01(\x03\x12\x0c\n\x04peer\x18\x07 \x01(\t\x12\x18\n\x10interval_seconds\x18\x08 \x01(\x03\x12\x16\n\x0elast_sync_time\x18\t \x01(\x01\x12\x1a\n\x12last_sync_duration\x18\n \x01(\x01\x12\x17\n\x0flast_sync_bytes\x18\x0b \x01(\x03\x12\x0e\n\x06status\x18\x0c \x01(\t\x12\x16\n\x0estatus_message\x18\r \x01(\t\x12\x13\n\x0blag_seconds\x18\x0e \x01(\x01\x12\x18\n\x10missed_intervals\x18\x0f \x01(\x03\x12\x1c\n\x14\x63onsecutive_failures\x18\x10 \x01(\x03\x12\x16\n\x0e\x66\x61ilures_total\x18\x11 \x01(\x03\x12\x16\n\x0enext_sync_time\x18\x12 \x01(\x01\x12\x1b\n\x13progress_bytes_sent\x18\x13 \x01(\x03\x12\x1e\n\x16progress_bytes_planned\x18\x14 \x01(\x03\x12\x15\n\rprogress_rate\x18\x15 \x01(\x01\x12\x13\n\x0bsyncs_total\x18\x16 \x01(\x03\x12\x18\n\x10sent_bytes_total\x18\x17 \x01(\x03\x12\x1b\n\x13\x63hanged_bytes_total\x18\x18 \x01(\x03\"F\n\x17ListReplicationsRequest\x12\x13\n\x0bmax_entries\x18\x01 \x01(\x05\x12\x16\n\x0estarting_token\x18\x02 \x01(\t\"g\n\x18ListReplicationsResponse\x12\x37\n\x0creplications\x18\x01 \x03(\x0b\x32!.drsvc.admin.v1.ReplicationStatus\x12\x12\n\nnext_token\x18\x02 \x01(\t\"A\n\x1bGetReplicationStatusRequest\x12\"\n\x04unit\x18\x01 \x01(\x0b\x32\x14.drsvc.admin.v1.Unit\"J\n\x0eSyncNowRequest\x12\"\n\x04unit\x18\x01 \x01(\x0b\x32\x14.drsvc.admin.v1.Unit\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\x01\"\x9e\x01\n\x0fSyncNowResponse\x12\x17\n\x0f\x62\x61se_generation\x18\x01 \x01(\x03\x12\x19\n\x11target_generation\x18\x02 \x01(\x03\x12\x15\n\rbytes_on_wire\x18\x03 \x01(\x03\x12\x15\n\rbytes_changed\x18\x04 \x01(\x03\x12\x18\n\x10\x64uration_seconds\x18\x05 \x01(\x01\x12\x0f\n\x07skipped\x18\x06 \x01(\t\"f\n\x13\x43loneReplicaRequest\x12\"\n\x04unit\x18\x01 \x01(\x0b\x32\x14.drsvc.admin.v1.Unit\x12\x13\n\x0bname_prefix\x18\x02 \x01(\t\x12\x16\n\x0erecovery_point\x18\x03 \x01(\t\"K\n\x14\x43loneReplicaResponse\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x1f\n\x07volumes\x18\x02 \x03(\x0b\x32\x0e.csi.v1.Volume\"?\n\x19ListRecoveryPointsRequest\x12\"\n\x04unit\x18\x01 \x01(\x0b\x32\x14.drsvc.admin.v1.Unit\"\xb4\x01\n\rRecoveryPoint\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x0c\n\x04time\x18\x02 \x01(\x01\x12\x14\n\x0ctime_rfc3339\x18\x03 \x01(\t\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x0e\n\x06pinned\x18\x05 \x01(\x08\x12\x11\n\tpin_until\x18\x06 \x01(\x01\x12\x14\n\x0cunique_bytes\x18\x07 \x01(\x03\x12\x13\n\x0btotal_bytes\x18\x08 \x01(\x03\x12\x0f\n\x07members\x18\t \x03(\t\"\x8b\x01\n\x1aListRecoveryPointsResponse\x12-\n\x06points\x18\x01 \x03(\x0b\x32\x1d.drsvc.admin.v1.RecoveryPoint\x12\x15\n\rreplica_bytes\x18\x02 \x01(\x03\x12\x14\n\x0cpoints_bytes\x18\x03 \x01(\x03\x12\x11\n\tretention\x18\x04 \x01(\t2\xf4\x03\n\x05\x41\x64min\x12g\n\x10ListReplications\x12\'.drsvc.admin.v1.ListReplicationsRequest\x1a(.drsvc.admin.v1.ListReplicationsResponse\"\x00\x12h\n\x14GetReplicationStatus\x12+.drsvc.admin.v1.GetReplicationStatusRequest\x1a!.drsvc.admin.v1.ReplicationStatus\"\x00\x12L\n\x07SyncNow\x12\x1e.drsvc.admin.v1.SyncNowRequest\x1a\x1f.drsvc.admin.v1.SyncNowResponse\"\x00\x12[\n\x0c\x43loneReplica\x12#.drsvc.admin.v1.CloneReplicaRequest\x1a$.drsvc.admin.v1.CloneReplicaResponse\"\x00\x12m\n\x12ListRecoveryPoints\x12).drsvc.admin.v1.ListRecoveryPointsRequest\x1a*.drsvc.admin.v1.ListRecoveryPointsResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0b\x61\x64min.proto\x12\x0e\x64rsvc.admin.v1\x1a\tcsi.proto\"2\n\x04Unit\x12\x11\n\tvolume_id\x18\x01 \x01(\t\x12\x17\n\x0fvolume_group_id\x18\x02 \x01(\t\"\xd5\x05\n\x11ReplicationStatus\x12\x0f\n\x07unit_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07members\x18\x03 \x03(\t\x12\x0c\n\x04role\x18\x04 \x01(\t\x12\r\n\x05\x65poch\x18\x05 \x01(\x03\x12\x12\n\ngeneration\x18\x06 \x01(\x03\x12\x0c\n\x04peer\x18\x07 \x01(\t\x12\x18\n\x10interval_seconds\x18\x08 \x01(\x03\x12\x16\n\x0elast_sync_time\x18\t \x01(\x01\x12\x1a\n\x12last_sync_duration\x18\n \x01(\x01\x12\x17\n\x0flast_sync_bytes\x18\x0b \x01(\x03\x12\x0e\n\x06status\x18\x0c \x01(\t\x12\x16\n\x0estatus_message\x18\r \x01(\t\x12\x13\n\x0blag_seconds\x18\x0e \x01(\x01\x12\x18\n\x10missed_intervals\x18\x0f \x01(\x03\x12\x1c\n\x14\x63onsecutive_failures\x18\x10 \x01(\x03\x12\x16\n\x0e\x66\x61ilures_total\x18\x11 \x01(\x03\x12\x16\n\x0enext_sync_time\x18\x12 \x01(\x01\x12\x1b\n\x13progress_bytes_sent\x18\x13 \x01(\x03\x12\x1e\n\x16progress_bytes_planned\x18\x14 \x01(\x03\x12\x15\n\rprogress_rate\x18\x15 \x01(\x01\x12\x13\n\x0bsyncs_total\x18\x16 \x01(\x03\x12\x18\n\x10sent_bytes_total\x18\x17 \x01(\x03\x12\x1b\n\x13\x63hanged_bytes_total\x18\x18 \x01(\x03\x12\x1f\n\x17verify_interval_seconds\x18\x19 \x01(\x03\x12\x18\n\x10last_verify_time\x18\x1a \x01(\x01\x12\x15\n\rverify_failed\x18\x1b \x01(\x08\x12 \n\x18verify_mismatched_blocks\x18\x1c \x01(\x03\x12\x19\n\x11verify_generation\x18\x1d \x01(\x03\x12\x16\n\x0everify_message\x18\x1e \x01(\t\"F\n\x17ListReplicationsRequest\x12\x13\n\x0bmax_entries\x18\x01 \x01(\x05\x12\x16\n\x0estarting_token\x18\x02 \x01(\t\"g\n\x18ListReplicationsResponse\x12\x37\n\x0creplications\x18\x01 \x03(\x0b\x32!.drsvc.admin.v1.ReplicationStatus\x12\x12\n\nnext_token\x18\x02 \x01(\t\"A\n\x1bGetReplicationStatusRequest\x12\"\n\x04unit\x18\x01 \x01(\x0b\x32\x14.drsvc.admin.v1.Unit\"J\n\x0eSyncNowRequest\x12\"\n\x04unit\x18\x01 \x01(\x0b\x32\x14.drsvc.admin.v1.Unit\x12\x14\n\x0cwait_seconds\x18\x02 \x01(\x01\"\x9e\x01\n\x0fSyncNowResponse\x12\x17\n\x0f\x62\x61se_generation\x18\x01 \x01(\x03\x12\x19\n\x11target_generation\x18\x02 \x01(\x03\x12\x15\n\rbytes_on_wire\x18\x03 \x01(\x03\x12\x15\n\rbytes_changed\x18\x04 \x01(\x03\x12\x18\n\x10\x64uration_seconds\x18\x05 \x01(\x01\x12\x0f\n\x07skipped\x18\x06 \x01(\t\"f\n\x13\x43loneReplicaRequest\x12\"\n\x04unit\x18\x01 \x01(\x0b\x32\x14.drsvc.admin.v1.Unit\x12\x13\n\x0bname_prefix\x18\x02 \x01(\t\x12\x16\n\x0erecovery_point\x18\x03 \x01(\t\"K\n\x14\x43loneReplicaResponse\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x1f\n\x07volumes\x18\x02 \x03(\x0b\x32\x0e.csi.v1.Volume\"?\n\x19ListRecoveryPointsRequest\x12\"\n\x04unit\x18\x01 \x01(\x0b\x32\x14.drsvc.admin.v1.Unit\"\xb4\x01\n\rRecoveryPoint\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x0c\n\x04time\x18\x02 \x01(\x01\x12\x14\n\x0ctime_rfc3339\x18\x03 \x01(\t\x12\x0c\n\x04kind\x18\x04 \x01(\t\x12\x0e\n\x06pinned\x18\x05 \x01(\x08\x12\x11\n\tpin_until\x18\x06 \x01(\x01\x12\x14\n\x0cunique_bytes\x18\x07 \x01(\x03\x12\x13\n\x0btotal_bytes\x18\x08 \x01(\x03\x12\x0f\n\x07members\x18\t \x03(\t\"\x8b\x01\n\x1aListRecoveryPointsResponse\x12-\n\x06points\x18\x01 \x03(\x0b\x32\x1d.drsvc.admin.v1.RecoveryPoint\x12\x15\n\rreplica_bytes\x18\x02 \x01(\x03\x12\x14\n\x0cpoints_bytes\x18\x03 \x01(\x03\x12\x11\n\tretention\x18\x04 \x01(\t\"Y\n\rVerifyRequest\x12\"\n\x04unit\x18\x01 \x01(\x0b\x32\x14.drsvc.admin.v1.Unit\x12\x0e\n\x06repair\x18\x02 \x01(\x08\x12\x14\n\x0cwait_seconds\x18\x03 \x01(\x01\"r\n\x08Mismatch\x12\x11\n\tvolume_id\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0e\n\x06length\x18\x03 \x01(\x03\x12\x0f\n\x07\x61gainst\x18\x04 \x01(\t\x12\x12\n\ngeneration\x18\x05 \x01(\x03\x12\x0e\n\x06reason\x18\x06 \x01(\t\"\xca\x02\n\x0eVerifyResponse\x12\x0e\n\x06result\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12\x16\n\x0e\x65nd_generation\x18\x03 \x01(\x03\x12\x19\n\x11mismatched_blocks\x18\x04 \x01(\x03\x12,\n\nmismatches\x18\x05 \x03(\x0b\x32\x18.drsvc.admin.v1.Mismatch\x12\x18\n\x10repair_requested\x18\x06 \x01(\x08\x12\x12\n\nbytes_read\x18\x07 \x01(\x03\x12\x18\n\x10\x64uration_seconds\x18\x08 \x01(\x01\x12\x18\n\x10\x63hecked_recorded\x18\t \x01(\x08\x12\x17\n\x0f\x63hecked_primary\x18\n \x01(\x08\x12\x18\n\x10rewritten_blocks\x18\x0b \x01(\x03\x12\r\n\x05notes\x18\x0c \x03(\t\x12\x0f\n\x07skipped\x18\r \x01(\t2\xbf\x04\n\x05\x41\x64min\x12g\n\x10ListReplications\x12\'.drsvc.admin.v1.ListReplicationsRequest\x1a(.drsvc.admin.v1.ListReplicationsResponse\"\x00\x12h\n\x14GetReplicationStatus\x12+.drsvc.admin.v1.GetReplicationStatusRequest\x1a!.drsvc.admin.v1.ReplicationStatus\"\x00\x12L\n\x07SyncNow\x12\x1e.drsvc.admin.v1.SyncNowRequest\x1a\x1f.drsvc.admin.v1.SyncNowResponse\"\x00\x12[\n\x0c\x43loneReplica\x12#.drsvc.admin.v1.CloneReplicaRequest\x1a$.drsvc.admin.v1.CloneReplicaResponse\"\x00\x12m\n\x12ListRecoveryPoints\x12).drsvc.admin.v1.ListRecoveryPointsRequest\x1a*.drsvc.admin.v1.ListRecoveryPointsResponse\"\x00\x12I\n\x06Verify\x12\x1d.drsvc.admin.v1.VerifyRequest\x1a\x1e.drsvc.admin.v1.VerifyResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,27 +35,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_UNIT']._serialized_start=42
   _globals['_UNIT']._serialized_end=92
   _globals['_REPLICATIONSTATUS']._serialized_start=95
-  _globals['_REPLICATIONSTATUS']._serialized_end=653
-  _globals['_LISTREPLICATIONSREQUEST']._serialized_start=655
-  _globals['_LISTREPLICATIONSREQUEST']._serialized_end=725
-  _globals['_LISTREPLICATIONSRESPONSE']._serialized_start=727
-  _globals['_LISTREPLICATIONSRESPONSE']._serialized_end=830
-  _globals['_GETREPLICATIONSTATUSREQUEST']._serialized_start=832
-  _globals['_GETREPLICATIONSTATUSREQUEST']._serialized_end=897
-  _globals['_SYNCNOWREQUEST']._serialized_start=899
-  _globals['_SYNCNOWREQUEST']._serialized_end=973
-  _globals['_SYNCNOWRESPONSE']._serialized_start=976
-  _globals['_SYNCNOWRESPONSE']._serialized_end=1134
-  _globals['_CLONEREPLICAREQUEST']._serialized_start=1136
-  _globals['_CLONEREPLICAREQUEST']._serialized_end=1238
-  _globals['_CLONEREPLICARESPONSE']._serialized_start=1240
-  _globals['_CLONEREPLICARESPONSE']._serialized_end=1315
-  _globals['_LISTRECOVERYPOINTSREQUEST']._serialized_start=1317
-  _globals['_LISTRECOVERYPOINTSREQUEST']._serialized_end=1380
-  _globals['_RECOVERYPOINT']._serialized_start=1383
-  _globals['_RECOVERYPOINT']._serialized_end=1563
-  _globals['_LISTRECOVERYPOINTSRESPONSE']._serialized_start=1566
-  _globals['_LISTRECOVERYPOINTSRESPONSE']._serialized_end=1705
-  _globals['_ADMIN']._serialized_start=1708
-  _globals['_ADMIN']._serialized_end=2208
+  _globals['_REPLICATIONSTATUS']._serialized_end=820
+  _globals['_LISTREPLICATIONSREQUEST']._serialized_start=822
+  _globals['_LISTREPLICATIONSREQUEST']._serialized_end=892
+  _globals['_LISTREPLICATIONSRESPONSE']._serialized_start=894
+  _globals['_LISTREPLICATIONSRESPONSE']._serialized_end=997
+  _globals['_GETREPLICATIONSTATUSREQUEST']._serialized_start=999
+  _globals['_GETREPLICATIONSTATUSREQUEST']._serialized_end=1064
+  _globals['_SYNCNOWREQUEST']._serialized_start=1066
+  _globals['_SYNCNOWREQUEST']._serialized_end=1140
+  _globals['_SYNCNOWRESPONSE']._serialized_start=1143
+  _globals['_SYNCNOWRESPONSE']._serialized_end=1301
+  _globals['_CLONEREPLICAREQUEST']._serialized_start=1303
+  _globals['_CLONEREPLICAREQUEST']._serialized_end=1405
+  _globals['_CLONEREPLICARESPONSE']._serialized_start=1407
+  _globals['_CLONEREPLICARESPONSE']._serialized_end=1482
+  _globals['_LISTRECOVERYPOINTSREQUEST']._serialized_start=1484
+  _globals['_LISTRECOVERYPOINTSREQUEST']._serialized_end=1547
+  _globals['_RECOVERYPOINT']._serialized_start=1550
+  _globals['_RECOVERYPOINT']._serialized_end=1730
+  _globals['_LISTRECOVERYPOINTSRESPONSE']._serialized_start=1733
+  _globals['_LISTRECOVERYPOINTSRESPONSE']._serialized_end=1872
+  _globals['_VERIFYREQUEST']._serialized_start=1874
+  _globals['_VERIFYREQUEST']._serialized_end=1963
+  _globals['_MISMATCH']._serialized_start=1965
+  _globals['_MISMATCH']._serialized_end=2079
+  _globals['_VERIFYRESPONSE']._serialized_start=2082
+  _globals['_VERIFYRESPONSE']._serialized_end=2412
+  _globals['_ADMIN']._serialized_start=2415
+  _globals['_ADMIN']._serialized_end=2990
 # @@protoc_insertion_point(module_scope)

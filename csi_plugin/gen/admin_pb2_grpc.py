@@ -59,6 +59,11 @@ class AdminStub:
                 request_serializer=admin__pb2.ListRecoveryPointsRequest.SerializeToString,
                 response_deserializer=admin__pb2.ListRecoveryPointsResponse.FromString,
                 _registered_method=True)
+        self.Verify = channel.unary_unary(
+                '/drsvc.admin.v1.Admin/Verify',
+                request_serializer=admin__pb2.VerifyRequest.SerializeToString,
+                response_deserializer=admin__pb2.VerifyResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -94,6 +99,12 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Verify(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -121,6 +132,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ListRecoveryPoints,
                     request_deserializer=admin__pb2.ListRecoveryPointsRequest.FromString,
                     response_serializer=admin__pb2.ListRecoveryPointsResponse.SerializeToString,
+            ),
+            'Verify': grpc.unary_unary_rpc_method_handler(
+                    servicer.Verify,
+                    request_deserializer=admin__pb2.VerifyRequest.FromString,
+                    response_serializer=admin__pb2.VerifyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -258,6 +274,33 @@ class Admin:
             '/drsvc.admin.v1.Admin/ListRecoveryPoints',
             admin__pb2.ListRecoveryPointsRequest.SerializeToString,
             admin__pb2.ListRecoveryPointsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Verify(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drsvc.admin.v1.Admin/Verify',
+            admin__pb2.VerifyRequest.SerializeToString,
+            admin__pb2.VerifyResponse.FromString,
             options,
             channel_credentials,
             insecure,

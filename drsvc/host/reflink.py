@@ -20,9 +20,9 @@ SYNC_FILE_RANGE_WRITE = 2
 _sync_file_range = None
 
 
-def data_ranges(fd: int, size: int):
-    """Yield (offset, length) of the data regions of *fd*, skipping holes."""
-    pos = 0
+def data_ranges(fd: int, size: int, *, start: int = 0):
+    """Yield (offset, length) of the data regions of *fd* in [start, size), skipping holes."""
+    pos = start
     while pos < size:
         try:
             start = os.lseek(fd, pos, os.SEEK_DATA)

@@ -163,3 +163,28 @@ def test_a_nearly_full_pool_fires_under_a_tenth_free_and_clears_when_space_is_fr
                     {"series": f"drsvc_pool_free_bytes{{{lab}}}", "values": "200x4 50x25 500x10"}],
          [("2m", "DrsvcPoolNearlyFull", []), ("6m45s", "DrsvcPoolNearlyFull", [({**pool, "severity": "warning"}, "pool of b (b-node) has 5% free")]),
           ("7m45s", "DrsvcPoolNearlyFull", [])])
+
+
+def test_a_failed_verify_fires_at_once_and_clears_when_the_repair_commits(tmp_path):
+    b = {"site": "b", "peer": "a"}
+    _run(tmp_path, [_series("drsvc_replication_verify_failed", "0x4 1x10 0x5", **b),
+                    _series("drsvc_replication_verify_mismatched_blocks", "0x4 3x10 0x5", **b)],
+         [("45s", "DrsvcVerifyFailed", []),
+          ("1m15s", "DrsvcVerifyFailed", [({**VOL, **b, "severity": "page"},
+                                            "DR copy of vol-1 at b failed its verify: 3 block(s) differ")]),
+          ("4m15s", "DrsvcVerifyFailed", [])])
+
+
+def test_an_overdue_verify_fires_past_one_and_a_half_intervals_and_clears_on_the_next_verify(tmp_path):
+    # a 10 min verify interval: overdue past 15 min without a complete verify, for 10 min;
+    # the verify that ends at 30 min clears it
+    b = {"site": "b", "peer": "a"}
+    _run(tmp_path, [_series("drsvc_replication_last_verify_timestamp_seconds", "0x29 1800x10", **b),
+                    _series("drsvc_replication_verify_interval_seconds", "600x40", **b),
+                    # a replica with no verify interval is never overdue
+                    _series("drsvc_replication_last_verify_timestamp_seconds", "0x40", unit="vol-off", **b),
+                    _series("drsvc_replication_verify_interval_seconds", "0x40", unit="vol-off", **b)],
+         [("20m", "DrsvcVerifyOverdue", []),          # over since 15m, not yet for 10 min
+          ("27m", "DrsvcVerifyOverdue", [({**VOL, **b, "severity": "warning"},
+                                          "DR copy of vol-1 at b last verified 27m 0s ago")]),
+          ("31m", "DrsvcVerifyOverdue", [])], interval="1m")

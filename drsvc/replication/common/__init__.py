@@ -16,7 +16,7 @@ from __future__ import annotations
 from .exports import lazy_exports
 
 _EXPORTS = {
-    "DIGEST": "blockmap", "hash_image": "blockmap",
+    "DIGEST": "blockmap", "hash_image": "blockmap", "hash_range": "blockmap",
     "find_state": "unit_state", "get_state": "unit_state", "set_role": "unit_state",
     "bump_epoch": "unit_state", "mark_demoted": "unit_state", "promote": "unit_state",
     "data_intervals": "extents", "shared_intervals": "extents",

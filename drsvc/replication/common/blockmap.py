@@ -253,6 +253,30 @@ def copy_map(src: Path, dst: Path) -> None:
     clone_file(Path(src), Path(dst), fsync=False)
 
 
+def hash_range(fd: int, first: int, count: int, block_size: int, size: int, buf: bytearray) -> tuple[bytes, int]:
+    """Digests of blocks [first, first+count) of an image of *size* bytes, read into *buf* (a
+    multiple of the block size); holes read as ZERO without a read. Returns the digests and
+    the bytes read."""
+    out = bytearray(count * DIGEST)
+    mv = memoryview(buf)
+    start, end = first * block_size, min(size, (first + count) * block_size)
+    nread = 0
+    for off, length in data_ranges(fd, end, start=start):
+        pos = off - off % block_size
+        stop = min(end, block_count(off + length, block_size) * block_size)
+        while pos < stop:
+            n = min(len(buf), stop - pos)
+            got = os.preadv(fd, [mv[:n]], pos)
+            if got < n:
+                mv[got:n] = bytes(n - got)
+            slot = (pos - start) // block_size * DIGEST
+            d = digest_blocks(mv[:n], block_size)
+            out[slot:slot + len(d)] = d
+            nread += n
+            pos += n
+    return bytes(out), nread
+
+
 def hash_image(fd: int, size: int, block_size: int, *, chunk: int = 1 << 20):
     """Yield (first_block, digests) for the data regions of an image; holes are skipped."""
     chunk = max(chunk - chunk % block_size, block_size)

@@ -171,6 +171,18 @@ class ReplicaMaps:
         except FileNotFoundError:
             return False
 
+    def recorded_for(self, st) -> bool:
+        """The maps were written by the applies up to the unit's recorded generation, whether or
+        not an image changed since: a verify checks the images against them, and a change
+        made to an image outside a transaction is what it looks for."""
+        doc = store.read_doc(self.doc_path)
+        if not st.members or not doc or (doc.get("generation"), doc.get("txid")) != (st.generation, st.txid):
+            return False
+        if not doc.get("durable") and (not boot_id() or doc.get("boot") != boot_id()):
+            return False
+        return doc.get("block_size") == st.block_size and all(
+            vol in (doc.get("members") or {}) and self.path(vol).exists() for vol in st.members)
+
     def valid(self, st) -> bool:
         """The maps describe the unit's images at its recorded generation (a promote's base)."""
         return bool(st.members) and self._describes(st.generation, st.txid, st.members, st.block_size)

@@ -41,6 +41,7 @@ class UnitState:
     resync_requested: bool = False     # receiver: the next sync must be a compare sync
     origin: dict = field(default_factory=dict)  # receiver: the primary's site, schedule and volumes
     received: list = field(default_factory=list)  # receiver: receive records, newest last (health.py)
+    receiving_since: float = 0.0       # receiver: the first commit this site received in its current role
 
     def to_doc(self) -> dict:
         return dataclasses.asdict(self)
@@ -162,6 +163,7 @@ def promote(pool, unit_id: str) -> UnitState:
     def change(st):
         st.role = "primary"
         st.epoch += 1
+        st.receiving_since = 0.0
         st.demoted, st.demoted_at, st.peer_demoted_at = False, None, None
         st.diverged = st.resync_requested = False
     return _locked_update(pool, unit_id, change)

@@ -11,6 +11,9 @@
 - ``peers``: a [peers.<name>] table -> a transport.Peer;
 - ``takeover``: a promote: the received images become the acked base;
 - ``consistency``: a replica's content judged against the primary's (ResyncVolume);
+- ``scrub``: a verify of the replica held here, in windows, against the receiver's block maps
+  and the primary's (``scrub_plan``: its pure parts; ``verify_record``: verify.json and what
+  the status makes of it);
 - ``shipped_snapshots``: the CSI snapshots a primary ships as recovery points.
 
 May import every room.
@@ -23,11 +26,13 @@ _EXPORTS = {
     "ReplicationAPI": "api", "Replication": "api", "build": "api",
     "KNOWN_PARAMETERS": "requests",
     "ReplicationStatus": "read_model", "Info": "read_model", "Unit": "read_model",
-    "list_schedules": "read_model", "schedule_of": "read_model", "is_enabled": "read_model",
+    "list_schedules": "read_model", "schedule_of": "read_model", "list_verify_schedules": "read_model",
+    "verify_schedule_of": "read_model",
+    "is_enabled": "read_model",
     "find_control": "relationship",
     "next_sync": "health", "next_runs": "health", "write_next_runs": "health",
     "connect": "peers", "seed_base": "takeover",
-    "JOB_MODULES": "jobs",
+    "JOB_MODULES": "jobs", "plan_windows": "scrub_plan", "VERIFY_WINDOW_BYTES": "scrub_plan:WINDOW_BYTES",
 }
 __getattr__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted(_EXPORTS)

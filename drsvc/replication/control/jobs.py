@@ -23,6 +23,7 @@ from ...errors import (
     OperationInProgress,
     PeerNotDemoted,
     PeerNotRecorded,
+    ReplicaKnownBad,
     SplitBrain,
 )
 from ...layout import PoolLayout
@@ -33,6 +34,7 @@ from ..common import unit_state
 from ..common.replica_maps import ReplicaMaps
 from . import shipped_snapshots
 from .health import final_sync
+from .verify_record import VerifyRecord
 from .relationship import (
     Control,
     control_from_origin,
@@ -50,7 +52,8 @@ log = logging.getLogger(__name__)
 # never loads them, and a worker imports them before its pool forks (``workers.main``).
 JOB_MODULES = ("drsvc.replication.sender.sync", "drsvc.replication.control.takeover",
                "drsvc.replication.points.restore", "drsvc.replication.receiver.replica",
-               "drsvc.replication.control.consistency", "drsvc.replication.sender.base_store")
+               "drsvc.replication.control.consistency", "drsvc.replication.sender.base_store",
+               "drsvc.replication.control.scrub")
 
 class ReplicationJobs:
     def __init__(self, cfg: SiteConfig, pool: Path, *, volumes, groups, node,
@@ -93,7 +96,7 @@ class ReplicationJobs:
         return {"site": self.cfg.site, "interval": c.interval, "start_time": c.start_time,
                 "bandwidth_limit": c.bandwidth_limit, "kind": c.kind, "volumes": vols, "group": group,
                 "retention": c.retention or self.cfg.retention or DEFAULT_GRID,
-                "snapshots": [s.snapshot_id for s in ships], "point": point}
+                "snapshots": [s.snapshot_id for s in ships], "point": point, "verify_interval": c.verify_interval}
 
     def _replica_node(self, node: str) -> str:
         """The peer site's node that holds *node*'s replicas (node pairs, ``peer_node``)."""
@@ -132,7 +135,8 @@ class ReplicationJobs:
 
     # -- jobs ------------------------------------------------------------------------------
     def run_enable(self, unit_id: str, *, kind: str, members: list, peer: str, interval: int,
-                   start_time: float | None = None, bandwidth_limit: int = 0, retention: str = "") -> dict:
+                   start_time: float | None = None, bandwidth_limit: int = 0, retention: str = "",
+                   verify_interval: int | None = None) -> dict:
         st = unit_state.find_state(self.pool, unit_id)
         if st is not None and st.role != "primary":
             return {"role": st.role}                 # replication exists here as a replica
@@ -141,7 +145,7 @@ class ReplicationJobs:
             c = find_control(self.pool, unit_id) or Control(unit_id=unit_id, kind=kind, members=members,
                                                              peer=peer, enabled_at=time.time())
             c.peer, c.interval, c.start_time, c.bandwidth_limit = peer, interval, start_time, bandwidth_limit
-            c.members, c.retention = members, retention
+            c.members, c.retention, c.verify_interval = members, retention, verify_interval
             save_control(self.pool, c)
         task = self.dispatcher.submit("sync", unit_id, {"trigger": "initial"})
         log.info("replication of %s %s to %s enabled every %ss; initial sync queued (%s)",
@@ -295,6 +299,9 @@ class ReplicationJobs:
         if st.role == "primary":
             return {"role": "primary", "epoch": st.epoch}
         if not force:
+            # a replica known bad first: it is the reason a planned promote would be wrong too
+            if (v := VerifyRecord.find(self.pool, unit_id).judge(st))["failed"]:
+                raise ReplicaKnownBad(unit_id=unit_id, detail=v["message"].removeprefix("VERIFY_FAILED: "))
             if st.peer_demoted_at is None or st.peer_demoted_at != st.generation:
                 raise PeerNotDemoted(
                     f"the peer has not demoted {unit_id} at this site's generation {st.generation}"
@@ -353,6 +360,32 @@ class ReplicationJobs:
         if c is None:
             return {"ready": False, "reason": "no record of the primary's site"}
         return resync_step(self.pool, unit_id, force=force, open_peer=lambda: self.peers(c.peer))
+
+    def run_verify(self, unit_id: str, *, repair: bool = False, trigger: str = "demand") -> dict:
+        """Verify (scrub) the replica held here; with *repair* (or the site's verify_repair on a
+        scheduled run), mismatches ask the primary for a compare sync that re-sends them."""
+        from .scrub import Scrub
+        st = unit_state.get_state(self.pool, unit_id)
+        if st.role != "secondary":
+            return {"skipped": f"{st.role} on this site: a verify reads a replica (run it at the secondary)"}
+        c = find_control(self.pool, unit_id) or control_from_origin(st)
+        if c is None:
+            raise PeerNotRecorded(unit_id=unit_id)
+        run = Scrub(self.pool, unit_id, lambda: self.peers(c.peer), read_rate=self.cfg.verify_read_rate).run()
+        record = VerifyRecord.find(self.pool, unit_id)
+        record.add(run)
+        repair = repair or (trigger == "schedule" and self.cfg.verify_repair)
+        if run["result"] == "mismatch":
+            log.warning("verify of %s: %d block(s) of generation %d differ (first %s)", unit_id,
+                        run["mismatched_blocks"], run["generation"], run["mismatches"][:3])
+            if repair:
+                unit_state.request_resync(self.pool, unit_id)
+                record.ask_repair()
+                log.info("verify of %s: repair asked for (the primary's next sync compares)", unit_id)
+        else:
+            log.info("verify of %s at generation %d: %s, %d bytes read in %.1fs", unit_id, run["generation"],
+                     run["result"], run["bytes_read"], run["duration_s"])
+        return {**run, "repair_requested": bool(repair and run["result"] == "mismatch")}
 
     def run_disable(self, unit_id: str) -> dict:
         from ..sender.base_store import release_unit

@@ -20,6 +20,7 @@ from ..common import unit_state
 from ..points import index as points
 from .health import secondary_health
 from .relationship import Control, control_from_origin, find_control
+from .verify_record import VerifyRecord
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,12 @@ class Info:
     syncs_total: int = 0               # this site's successful syncs as the sender (counter)
     sent_bytes_total: int = 0          # their bytes on the wire (counter)
     changed_bytes_total: int = 0       # the data bytes they changed at the peer (counter)
+    verify_interval: int = 0           # secondary: seconds between verifies of the replica (0: none)
+    last_verify_time: float = 0.0      # ...end of the last complete verify (never: the first receive)
+    verify_failed: bool = False        # ...mismatches found and not repaired
+    verify_mismatched_blocks: int = 0  # ...how many blocks differ
+    verify_generation: int = 0         # ...the generation they were found at
+    verify_message: str = ""
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,30 @@ class Schedule:
 def is_enabled(pool: Path, unit_id: str) -> bool:
     """Replication exists here: enabled at this site, or a replica received from the peer."""
     return find_control(pool, unit_id) is not None or unit_state.find_state(pool, unit_id) is not None
+
+
+def verify_interval_of(c: Control | None, site_default: int) -> int:
+    """A replica's verify interval: the class's (drsvc.io/verifyInterval, sent in the origin
+    block) or this site's default; 0: not verified on a schedule."""
+    v = getattr(c, "verify_interval", None) if c is not None else None
+    return int(site_default if v is None else v)
+
+
+def list_verify_schedules(pool: Path, site_default: int) -> list[Schedule]:
+    """Units this site must verify on a schedule: held here as secondary, with an interval."""
+    root = PoolLayout(pool).replication
+    paths = sorted(root.glob("*/state.json")) if root.exists() else []
+    return [s for path in paths if (s := verify_schedule_of(pool, path.parent.name, site_default))]
+
+
+def verify_schedule_of(pool: Path, unit_id: str, site_default: int) -> Schedule | None:
+    """The replica's verify schedule here; None unless it is held here as a secondary with a
+    generation and a verify interval."""
+    st = unit_state.find_state(pool, unit_id)
+    if st is None or st.role != "secondary" or not st.generation:
+        return None
+    every = verify_interval_of(control_from_origin(st), site_default)
+    return Schedule(st.unit_id, every, None) if every else None
 
 
 def list_schedules(pool: Path) -> list[Schedule]:
@@ -86,8 +117,9 @@ def schedule_of(pool: Path, unit_id: str) -> Schedule | None:
 class ReplicationStatus:
     """Lookups and status of one site's replication units."""
 
-    def __init__(self, site_id: str, pool: Path, volumes, groups):
+    def __init__(self, site_id: str, pool: Path, volumes, groups, *, verify_interval: int = 0):
         self.site_id = site_id
+        self.verify_interval = verify_interval    # the site's default (SiteConfig.verify_interval)
         self.pool = Path(pool)
         self.volumes = volumes
         self.groups = groups
@@ -143,11 +175,15 @@ class ReplicationStatus:
                        consecutive_failures=c.consecutive_failures, last_error=c.last_error,
                        conflict=c.conflict)
             status, message, lag, missed = h.status, h.message, h.lag_seconds, h.missed_intervals
+            verify = {}
         else:   # the receiving side reports from its receive records: lag is the data age
             r = secondary_health(st, interval=c.interval, last_sync_time=c.last_sync_time)
             status, message, lag, missed = r.status, r.message, r.data_age_seconds, r.silent_intervals
             last = (r.last_received_at, r.last_duration_s, r.last_bytes)
-        return Info(role=role, epoch=st.epoch if st else 0, generation=st.generation if st else 0,
+            verify = self._verify(st, c)
+            if verify["verify_failed"]:
+                status, message = "VERIFY_FAILED", f"{verify['verify_message']}; {message}"
+        return Info(**verify,role=role, epoch=st.epoch if st else 0, generation=st.generation if st else 0,
                     peer=c.peer, interval=c.interval, last_sync_time=last[0],
                     last_sync_duration=last[1], last_sync_bytes=last[2],
                     status=status, status_message=message, lag_seconds=lag, missed_intervals=missed,
@@ -155,6 +191,14 @@ class ReplicationStatus:
                     schedule_delay=c.last_sync_delay if role == "primary" else 0.0,
                     syncs_total=c.syncs_total, sent_bytes_total=c.sent_bytes_total,
                     changed_bytes_total=c.changed_bytes_total)
+
+    def _verify(self, st, c: Control) -> dict:
+        """The replica's verify, as the status reports it (``scrub.VerifyRecord``)."""
+        v = VerifyRecord.find(self.pool, st.unit_id).judge(st)
+        return {"verify_interval": verify_interval_of(c, self.verify_interval),
+                "last_verify_time": v["last_verify_at"] or float(getattr(st, "receiving_since", 0.0) or 0.0),
+                "verify_failed": v["failed"], "verify_mismatched_blocks": v["mismatched_blocks"],
+                "verify_generation": v["generation"], "verify_message": v["message"]}
 
     def units(self) -> list[str]:
         return self.units_page()[0]

@@ -41,6 +41,7 @@ class Control:
     last_sync_delay: float = 0.0         # a scheduled sync: its start minus the slot it was due at
     retention: str = ""                  # the unit's recovery point grid (drsvc.io/retention; "": the site's)
     snapshots_shipped: list = field(default_factory=list)   # CSI snapshots the peer holds as points
+    verify_interval: int | None = None   # the class's drsvc.io/verifyInterval (None: the verifying site's default)
 
     def to_doc(self) -> dict:
         return asdict(self)
@@ -102,4 +103,5 @@ def control_from_origin(st) -> Control | None:
         return None
     return Control(unit_id=st.unit_id, kind=st.kind, members=list(st.members), peer=o["site"],
                    interval=int(o.get("interval") or DEFAULT_INTERVAL), start_time=o.get("start_time"),
-                   bandwidth_limit=int(o.get("bandwidth_limit") or 0), enabled_at=time.time())
+                   bandwidth_limit=int(o.get("bandwidth_limit") or 0), enabled_at=time.time(),
+                   verify_interval=o.get("verify_interval"))

@@ -24,7 +24,7 @@ from ...ids import check_name
 from ...layout import PoolLayout
 from ...model import MOUNT, Capability, ContentSource
 from ...retention import check_grid
-from ...schedule import parse_interval, parse_start_time
+from ...schedule import parse_interval, parse_start_time, parse_verify_interval
 from ..common import unit_state
 from ..points import index
 from .enablement import check_group_has_members, replicated_as_secondary, resolve_peer
@@ -32,7 +32,8 @@ from .read_model import ReplicationStatus, Unit
 from .relationship import DEFAULT_INTERVAL, find_control
 
 RETENTION = "drsvc.io/retention"
-KNOWN_PARAMETERS = {"peer", "schedulingInterval", "schedulingStartTime", "bandwidthLimit", RETENTION,
+VERIFY_INTERVAL = "drsvc.io/verifyInterval"   # how often the secondary verifies its replica (scrub)
+KNOWN_PARAMETERS = {"peer", "schedulingInterval", "schedulingStartTime", "bandwidthLimit", RETENTION, VERIFY_INTERVAL,
                     index.RECOVERY_POINT}    # Promote's, passed to Enable too by the VolumeReplication controller
 CO_PREFIXES = ("replication.storage.openshift.io/", "csi.storage.k8s.io/", "csiaddons.openshift.io/")
 
@@ -62,6 +63,7 @@ class ReplicationRequests:
         if not (bw.isascii() and bw.isdigit()):
             raise InvalidParameter(key="bandwidthLimit", reason="bytes per second, a whole number")
         grid = self._retention(params)
+        verify = parse_verify_interval(params[VERIFY_INTERVAL]) if params.get(VERIFY_INTERVAL) else None
         if unit.kind == "volume":
             vol = self.volumes.get_volume(unit.unit_id)
             if vol.group_id:
@@ -70,10 +72,11 @@ class ReplicationRequests:
         if replicated_as_secondary(self.pool, unit.unit_id):
             return                                   # the replica's site: enabled already
         c = find_control(self.pool, unit.unit_id)
-        if c is not None and (c.peer, c.interval, c.retention) == (peer, interval, grid):
+        if c is not None and (c.peer, c.interval, c.retention, c.verify_interval) == (peer, interval, grid, verify):
             return                                   # idempotent: already enabled alike
         self._run("enable", unit, kind=unit.kind, members=list(unit.members), peer=peer,
-                  interval=interval, start_time=start, bandwidth_limit=int(bw), retention=grid)
+                  interval=interval, start_time=start, bandwidth_limit=int(bw), retention=grid,
+                  **({"verify_interval": verify} if verify is not None else {}))
 
     @staticmethod
     def _retention(params: dict) -> str:
@@ -148,6 +151,19 @@ class ReplicationRequests:
         if st is not None and st.role != "primary":      # refused here: no task is queued
             raise NotPrimary(unit_id=unit.unit_id, role=st.role)
         return self.dispatcher.run("sync", unit.unit_id, {"trigger": "manual"},
+                                   wait=self.rpc_wait if wait is None else wait)
+
+    def verify(self, unit: Unit, *, repair: bool = False, wait: float | None = None) -> dict:
+        """Verify (scrub) the replica held here (``scrub``); refused at a primary, whose images
+        are the live ones (verify the copy at the site that holds it)."""
+        self.refuse_member(unit)
+        self.status.require_enabled(unit)
+        st = unit_state.find_state(self.pool, unit.unit_id)
+        if st is None or st.role != "secondary":
+            raise NotSecondary(f"{unit.kind} {unit.unit_id} is {st.role if st else 'not held'} on this site: "
+                               "a verify reads a replica; run it at the site that holds the copy",
+                               kind=unit.kind, unit_id=unit.unit_id)
+        return self.dispatcher.run("verify", unit.unit_id, {"repair": bool(repair)},
                                    wait=self.rpc_wait if wait is None else wait)
 
     def clone_replica(self, unit: Unit, prefix: str, point: str = "") -> tuple[int, list]:

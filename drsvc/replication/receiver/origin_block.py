@@ -12,6 +12,7 @@ from ...errors import ProtocolError
 from ...ids import check_id, check_name
 from ...pool import Pool
 from ...retention import check_grid
+from ...schedule import MAX_VERIFY_INTERVAL
 
 MAX_ORIGIN_VOLUMES = 1024
 
@@ -39,12 +40,23 @@ def parse_origin(raw) -> dict | None:
         return {"site": check_id(str(raw["site"]), "site"), "interval": int(raw.get("interval") or 0),
                 "start_time": float(start) if start is not None else None,
                 "bandwidth_limit": int(raw.get("bandwidth_limit") or 0),
+                "verify_interval": _verify_interval(raw.get("verify_interval")),
                 "kind": "group" if raw.get("kind") == "group" else "volume", "volumes": vols, "group": group,
                 **_points_fields(raw)}
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ProtocolError(reason=f"bad origin block: {e}") from None
     except Exception as e:  # InvalidName and friends from the id checks
         raise ProtocolError(reason=f"bad origin block: {e}") from None
+
+
+def _verify_interval(raw) -> int | None:
+    """The class's verify interval (seconds, 0: none; None: the verifying site's default)."""
+    if raw is None:
+        return None
+    secs = int(raw)
+    if not 0 <= secs <= MAX_VERIFY_INTERVAL:
+        raise ValueError(f"verify_interval {secs}")
+    return secs
 
 
 def _points_fields(raw: dict) -> dict:

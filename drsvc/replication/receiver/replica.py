@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from ... import store
+from ... import schedule_changes, store
 from ...errors import OperationInProgress, ReplicaIsPrimary, ReplicationConflict
 from ...failpoints import failpoint
 from ...layout import PoolLayout
@@ -81,7 +81,10 @@ def recover(layout: PoolLayout, unit_id: str) -> Journal:
 
 def record_generation(layout: PoolLayout, tx: dict, *, began: float | None = None,
                       nbytes: int = 0) -> UnitState:
-    st = find_state(layout.root, tx["unit"]) or UnitState(unit_id=tx["unit"], role="secondary")
+    st = find_state(layout.root, tx["unit"])
+    # what the scheduler keys a replica's verify on: held at all, and the class's interval
+    before = (st.generation, (st.origin or {}).get("verify_interval")) if st is not None else (0, None)
+    st = st or UnitState(unit_id=tx["unit"], role="secondary")
     st.kind = tx["kind"]
     st.members = [m["volume_id"] for m in tx["members"]]
     st.sizes = {m["volume_id"]: m["size"] for m in tx["members"]}
@@ -99,10 +102,13 @@ def record_generation(layout: PoolLayout, tx: dict, *, began: float | None = Non
         unit_origin.ensure_replicas(layout.root, tx["unit"], tx["kind"], tx["origin"])
     commit_points.after_commit(layout, tx)      # the new recovery point; pruning
     now = time.time()   # the receive record (read by control.health)
+    st.receiving_since = st.receiving_since or now     # a verify never run is owed from here
     st.add_received({"generation": tx["target"], "txid": tx["txid"], "received_at": now,
                      "duration_s": round(now - began, 4) if began else 0.0, "bytes": int(nbytes),
                      "captured_at": tx.get("captured_at")})
     save_state(layout.root, st)
+    if not before[0] or (st.origin or {}).get("verify_interval") != before[1]:
+        schedule_changes.mark(layout.root, st.unit_id)
     return st
 
 

@@ -1,0 +1,116 @@
+"""The pure parts of a verify (``scrub``): its windows, its read rate cap, the comparison of
+one window's digests, and the findings it gathers."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..common.blockmap import DIGEST, block_count
+
+WINDOW_BYTES = 32 << 20      # image bytes read under the unit's lock at a time
+NAMED = 16                   # mismatched ranges a record names (the count covers every block)
+
+
+def plan_windows(size: int, block_size: int, window_bytes: int = WINDOW_BYTES) -> list[tuple[int, int]]:
+    """(first block, block count) of each window over an image of *size* bytes: whole blocks,
+    at least one a window, together covering every block once."""
+    per = max(1, window_bytes // block_size)
+    blocks = block_count(size, block_size)
+    return [(first, min(per, blocks - first)) for first in range(0, blocks, per)]
+
+
+class ReadPacer:
+    """A read rate cap: after each read, how long to wait so that the reads so far average at
+    most *rate* bytes per second since the first (0: no cap). Holes are not reads."""
+
+    def __init__(self, rate: float, clock=time.monotonic):
+        self.rate = float(rate or 0)
+        self.clock = clock
+        self.start = clock()
+        self.done = 0
+
+    def delay(self, nbytes: int) -> float:
+        self.done += int(nbytes)
+        if self.rate <= 0:
+            return 0.0
+        return max(0.0, self.start + self.done / self.rate - self.clock())
+
+
+def _rows(digests: bytes) -> np.ndarray:
+    return np.frombuffer(digests, dtype="<u8").reshape(-1, DIGEST // 8)
+
+
+def differing(a: bytes, b: bytes) -> np.ndarray:
+    """Indices of the slots whose digests differ between two runs of slots of one length."""
+    if len(a) != len(b):
+        raise ValueError(f"slot runs of {len(a)} and {len(b)} bytes")
+    return np.flatnonzero((_rows(a) != _rows(b)).any(axis=1))
+
+
+@dataclass
+class Verdict:
+    against_recorded: np.ndarray     # blocks (in the window) whose content is not what was applied
+    against_primary: np.ndarray      # ... not the primary's snapshot of the verified generation
+    rewritten: np.ndarray            # blocks a sync rewrote since the verify began: not held to the primary
+
+    @property
+    def bad(self) -> np.ndarray:
+        return np.union1d(self.against_recorded, self.against_primary)
+
+
+EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def compare_window(actual: bytes, recorded: bytes | None = None, primary: bytes | None = None,
+                   start: bytes | None = None) -> Verdict:
+    """One window's digests read from the image against: *recorded*, the receiver's map now;
+    *primary*, the primary's map of the generation the verify began on; *start*, the
+    receiver's map as the verify began, given when the unit's generation moved since (a
+    block whose recorded digest changed was rewritten by a sync)."""
+    rec = differing(actual, recorded) if recorded is not None else EMPTY
+    if primary is None:
+        return Verdict(rec, EMPTY, EMPTY)
+    if start is not None and recorded is None:
+        raise ValueError("a moved generation needs the recorded map to say what was rewritten")
+    moved = differing(start, recorded) if start is not None else EMPTY
+    pri = np.setdiff1d(differing(actual, primary), moved, assume_unique=True)
+    return Verdict(rec, pri, moved)
+
+
+@dataclass
+class Findings:
+    """What a verify found, gathered window by window: how many blocks differ, the first
+    ranges (by volume, offset and what they differ from), blocks rewritten meanwhile."""
+    blocks: int = 0
+    skipped: int = 0
+    named: list = field(default_factory=list)
+
+    def add(self, vol: str, first: int, size: int, block_size: int, v: Verdict, *,
+            recorded_generation: int, primary_generation: int) -> None:
+        self.skipped += len(v.rewritten)
+        bad = v.bad
+        self.blocks += len(bad)
+        if not len(bad) or len(self.named) >= NAMED:
+            return
+        rec, pri = set(v.against_recorded.tolist()), set(v.against_primary.tolist())
+        for b in bad.tolist():
+            against = "both" if b in rec and b in pri else ("recorded" if b in rec else "primary")
+            gen = primary_generation if b in pri else recorded_generation
+            off = (first + b) * block_size
+            self._name(vol, off, min(block_size, size - off), against, gen)
+
+    def whole(self, vol: str, size: int, block_size: int, against: str, generation: int, reason: str) -> None:
+        """A member that cannot be compared block by block (absent, or of another size)."""
+        self.blocks += max(1, block_count(size, block_size))
+        self.named.append({"volume": vol, "offset": 0, "length": size, "against": against,
+                           "generation": generation, "reason": reason})
+
+    def _name(self, vol: str, off: int, length: int, against: str, generation: int) -> None:
+        last = self.named[-1] if self.named else None
+        if last and (last["volume"], last["against"], last["offset"] + last["length"]) == (vol, against, off):
+            last["length"] += length
+        elif len(self.named) < NAMED:
+            self.named.append({"volume": vol, "offset": off, "length": length, "against": against,
+                               "generation": generation})

@@ -1,0 +1,70 @@
+"""A secondary's verify record (``verify.json``) and what the status makes of it.
+
+Written by the verify job (``scrub``), read by the read model, the CLI's status and
+/metrics: small, and importing nothing of the engine's sides, so the plugin reads it
+without loading the receiver.
+"""
+from __future__ import annotations
+
+import time
+
+from ... import store
+from ...layout import PoolLayout
+
+
+class VerifyRecord:
+    """``verify.json``: ``last`` (the last run), ``failure`` (the last run that found
+    mismatches, kept until a complete clean run or a repair), ``repair`` (a compare sync asked
+    for), ``last_complete_at`` (when the last run that read everything ended)."""
+
+    def __init__(self, layout: PoolLayout, unit_id: str):
+        self.path = layout.verify_path(unit_id)
+        self.doc = store.read_doc(self.path) or {}
+
+    @classmethod
+    def find(cls, pool, unit_id: str) -> VerifyRecord:
+        return cls(PoolLayout(pool), unit_id)
+
+    def add(self, run: dict) -> None:
+        d = self.doc
+        d["last"] = run
+        if run["result"] == "mismatch":
+            d["failure"], d["repair"] = run, None
+        elif run["result"] == "clean":
+            d["failure"], d["repair"] = None, None
+        if run["complete"]:
+            d["last_complete_at"] = run["finished_at"]
+        d["runs_total"] = int(d.get("runs_total") or 0) + 1
+        store.write_doc(self.path, d)
+
+    def ask_repair(self) -> None:
+        self.doc["repair"] = {"requested_at": time.time(),
+                              "generation": (self.doc.get("failure") or {}).get("generation", 0)}
+        store.write_doc(self.path, self.doc)
+
+    def judge(self, st) -> dict:
+        """What the status says of the unit's verify, given its state now (pure of the record)."""
+        return judge(self.doc, generation=st.generation, resync_requested=st.resync_requested)
+
+
+def judge(doc: dict, *, generation: int, resync_requested: bool) -> dict:
+    """failed: mismatches known and not repaired; repaired: a compare sync committed after the
+    repair was asked for (the resync request is cleared by its commit, at a newer generation)."""
+    fail, rep = doc.get("failure"), doc.get("repair")
+    repaired = bool(fail and rep and not resync_requested and generation > int(fail.get("generation") or 0))
+    out = {"last_verify_at": float(doc.get("last_complete_at") or 0.0), "failed": bool(fail) and not repaired,
+           "repaired": repaired, "repair_pending": bool(fail and rep and not repaired),
+           "mismatched_blocks": int(fail["mismatched_blocks"]) if fail and not repaired else 0,
+           "generation": int(fail.get("generation") or 0) if fail else 0,
+           "first": (fail.get("mismatches") or [])[:3] if fail and not repaired else [],
+           "runs_total": int(doc.get("runs_total") or 0)}
+    out["message"] = failure_message(out) if out["failed"] else ""
+    return out
+
+
+def failure_message(v: dict) -> str:
+    where = ", ".join(f"{m['volume']}@{m['offset']}" for m in v["first"])
+    tail = "; repair asked for: waiting for the primary's compare sync" if v["repair_pending"] else \
+        "; `drsvc verify --repair` re-sends those blocks from the primary"
+    return (f"VERIFY_FAILED: {v['mismatched_blocks']} block(s) of generation {v['generation']} differ "
+            f"(first at {where}){tail}")
