@@ -16,6 +16,7 @@ from drsvc.replication import peer_status, sync_unit
 from drsvc.layout import PoolLayout
 from drsvc.replication.sender.base_store import generation_image
 from tests.dr.helpers import generation, wait_for, write_random
+from tests.fixtures.sites import image_sha
 from workers import inflight
 
 from .steps import (MiB, engine_volume, Generations, check_converged, file_sha, kill_receivers, peer_of, receiver_pids,
@@ -156,6 +157,55 @@ def worker_path_kills(lab, rnd, rounds):
         check_converged(sa, sb, vol, [vol])
 
 
+def repair_kills(lab, rnd):
+    """A verify at b finds bytes flipped in its replica and asks for the repair; the
+    primary's compare syncs that carry it (with a few new writes each) are killed at each
+    commit point of the receiver. The replica is always whole: the damaged copy until a
+    repair commits, a generation of the primary after; the last sync converges, and a verify
+    is clean."""
+    from drsvc_cli.client import DrClient
+    sa, sb = lab.sites["a"], lab.sites["b"]
+    vol = lab.clients["a"].create_volume(f"rep-{rnd.randrange(1 << 30)}", 16 * MiB).volume_id
+    write_random(sa, vol, count=32, seed=vol)
+    gens = Generations()
+    gens.record(sa, vol)
+    # enabled through the plugin, so b's site knows the volume (the verify runs there); its
+    # first scheduled slot is half a day away, so after the initial sync the test's own
+    # syncs are the only ones
+    later = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 12 * 3600))
+    lab.clients["a"].retry("EnableVolumeReplication", volume_id=vol,
+                           parameters={"schedulingInterval": "24h", "schedulingStartTime": later})
+    wait_for(lambda: generation(sb, vol) >= 1 and generation(sa, vol) >= 1, 90, what="the initial sync")
+    img = sb.pool / "images" / f"{vol}.img"
+    with open(img, "r+b") as f:
+        for off in sorted(rnd.sample(range(0, 16 * MiB, 4096), 3)):
+            f.seek(off + rnd.randrange(4096))
+            byte = f.read(1)
+            f.seek(-1, 1)
+            f.write(bytes([byte[0] ^ 0xA5]))
+    damaged = gens.record(sb, vol)          # the one other whole state the replica may hold
+    with DrClient(sb.endpoint) as b:
+        found = b.verify(volume_id=vol, repair=True, wait=120)
+        assert found["result"] == "mismatch" and found["mismatched_blocks"] == 3, found
+        for i, point in enumerate(POINTS):
+            write_random(sa, vol, count=2, size=4096, seed=rnd.random())   # a transaction each time
+            gens.record(sa, vol)
+            set_receiver_failpoints(lab, "b", [point])
+            try:
+                with peer_of(sa) as p, pytest.raises(DrsvcError):
+                    sync_unit(sa.pool, vol, [vol], p)
+                fault()
+            finally:
+                set_receiver_failpoints(lab, "b", ())
+            got = gens.check_whole(sb, vol)
+            if i == 0:      # receiver.before_commit, before any commit
+                assert got == damaged, "a repair that never committed changed the replica"
+        _converge(lab, vol)
+        assert image_sha(sb, vol) != damaged
+        after = b.verify(volume_id=vol, wait=120)
+        assert after["result"] == "clean", after
+
+
 def _failures(ctl) -> int:
     import json
     try:
@@ -184,6 +234,11 @@ def test_receiver_killed_during_apply_and_stream(flab, rnd):
 @pytest.mark.faults
 def test_receiver_killed_under_the_worker(flab, rnd):
     worker_path_kills(flab, rnd, 6)
+
+
+@pytest.mark.faults
+def test_receiver_killed_during_a_repair(flab, rnd):
+    repair_kills(flab, rnd)
 
 
 @pytest.mark.soak
