@@ -152,6 +152,13 @@ class DrPoolFull(PoolFull):
                 "converges")
 
 
+class DrPoolNoSpace(PoolFull):
+    """The peer's pool filesystem was full outside a sync's data (its journal, a lock or state
+    file, a recovery point's bookkeeping)."""
+    template = ("the DR pool at the peer is full ({pool}): {reason}. Free space there (or grow the "
+                "pool): the next attempt converges")
+
+
 class BadPageToken(DrsvcError):
     """Mapped to ABORTED by CSI (the spec's code for an invalid starting_token)."""
     template = "invalid starting token {token!r}"

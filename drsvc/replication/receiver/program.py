@@ -34,11 +34,12 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ...errors import DrsvcError, ProtocolError, StreamCorrupt, UnknownVerb
+from ...errors import DrPoolNoSpace, DrsvcError, ProtocolError, StreamCorrupt, UnknownVerb
 from ...layout import PoolLayout
 from ..wire import frames
 from ..wire.frames import T_CONTROL, FrameReader
 from . import verbs
+from .transaction import out_of_space
 
 _IO_BUF = 1 << 20
 
@@ -202,6 +203,8 @@ def main(argv=None) -> int:
         err = e
         import traceback
         traceback.print_exc(file=sys.stderr)
+        if out_of_space(e):
+            code, err = 2, DrPoolNoSpace(pool=opts.pool, reason=f"{words[0] if words else 'the request'}: {e.strerror}")
     try:
         out.control(frames.error_message(err))
     except OSError:

@@ -170,7 +170,8 @@ class Stripes:
                 raise StreamCorrupt(reason=f"expected a stripe's end, got {msg['type']!r}")
             n = int(msg.get("records") or 0)
         except BaseException as e:  # noqa: BLE001 - the trailer raises it
-            stripe.finish({"error": frames.error_message(e)})
+            # the sender may read a stripe's answer before the master's: both name a full pool
+            stripe.finish({"error": frames.error_message(self.t.pool_full_error() if out_of_space(e) else e)})
             with self._cv:
                 self.error = self.error or e
                 self._cv.notify_all()
@@ -373,12 +374,17 @@ class Transaction:
         """A full pool: what arrived is removed rather than kept for a resume (it would hold the
         space every other unit's sync needs, and the same sync would meet the same wall). The
         undo copy's files go with the journal; recovery points are left alone."""
-        j, tx = self.journal, self.tx
-        written = _allocated(j.dir)
+        written = _allocated(self.journal.dir)
         if self.undo is not None:
             self.undo.close()
             self.undo = None
-        j.discard()
+        self.journal.discard()
+        return self.pool_full_error(written)
+
+    def pool_full_error(self, written: int | None = None) -> DrPoolFull:
+        """The full pool as the sender is told it: what the sync needs and what had arrived."""
+        tx = self.tx
+        written = _allocated(self.journal.dir) if written is None else written
         st = find_state(self.layout.root, tx["unit"])
         free = _free_bytes(self.layout.root)
         needed = max(tx["planned_bytes"], written)

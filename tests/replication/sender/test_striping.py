@@ -163,3 +163,28 @@ def test_stripe_count_follows_rate_rtt_and_window():
     assert stripe_count(3 * MiB, rtt=0.2, link=link) == 3                    # a MiB a stripe at least
     assert stripe_count(512 * MiB, rtt=0.1, link=LinkHints(rate=10e9 / 8, window=16 * MiB,
                                                            max_stripes=16)) == 10
+
+
+def test_a_full_peer_pool_is_named_on_every_channel():
+    """A striped sync into a peer whose filesystem fills part-way: the sender reads whichever
+    channel answers first, the master's or a stripe's, and each names the full pool (a
+    ResourceExhausted the CSI edge maps), never the receiver's raw OSError."""
+    from tests.fixtures.xfs import loop_mounted_fs
+
+    from drsvc.errors import DrsvcError, PoolFull
+    with loop_mounted_fs("320M") as mnt:
+        a, b = new_sites(mnt)
+        make_image(a / "images" / "v1.img", 48 * MiB, [(0, os.urandom(40 * MiB))])
+        filler = mnt / "filler"
+        fd = os.open(filler, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fs = os.statvfs(mnt)
+            os.posix_fallocate(fd, 0, fs.f_bavail * fs.f_frsize - 6 * MiB)
+        finally:
+            os.close(fd)
+        for _ in range(3):      # the race between the channels' answers, a few times over
+            with pytest.raises(DrsvcError) as err:
+                sync_unit(a, "u", ["v1"], Recording(b), link=STRIPED)
+            assert isinstance(err.value, PoolFull), f"{type(err.value).__name__}: {err.value}"
+            assert "Errno" not in str(err.value) and "OSError" not in str(err.value)
+            assert not PoolLayout(b).journal_dir("u").exists()
