@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 
 from drsvc.errors import MissingField
-from drsvc.replication.control import next_sync
+from drsvc.replication.control import next_runs, next_sync
 from drsvc.replication.sender import progress_of
 
 from . import convert
@@ -12,8 +12,11 @@ from .errors import rpc
 from .gen import admin_pb2, admin_pb2_grpc
 
 
-def status_message(info, unit_id: str, kind: str, members, pool=None) -> admin_pb2.ReplicationStatus:
-    live = live_status(pool, unit_id, info) if pool is not None else {}
+def status_message(info, unit_id: str, kind: str, members, pool=None, live: dict | None = None
+                   ) -> admin_pb2.ReplicationStatus:
+    """*live*: live_status() when the caller made it (a listing), else made here from *pool*."""
+    if live is None:
+        live = live_status(pool, unit_id, info) if pool is not None else {}
     return admin_pb2.ReplicationStatus(**live,
         unit_id=unit_id, kind=kind, members=list(members), role=info.role, epoch=info.epoch,
         generation=info.generation, peer=info.peer, interval_seconds=info.interval,
@@ -43,11 +46,13 @@ def verify_response(out: dict) -> admin_pb2.VerifyResponse:
         rewritten_blocks=out["skipped_blocks"], notes=out["notes"])
 
 
-def live_status(pool, unit_id: str, info=None) -> dict:
-    """The next scheduled sync and a running sync's progress (drsvc.replication.control.health, drsvc.replication.sender.progress)."""
+def live_status(pool, unit_id: str, info=None, *, runs: dict | None = None, progress: str | None = None) -> dict:
+    """The next scheduled sync and a running sync's progress (drsvc.replication.control.health,
+    drsvc.replication.sender.progress). A listing passes the next runs it read once (*runs*)
+    and the unit's progress path it keeps (*progress*)."""
     out = {"next_sync_time": next_sync(pool, unit_id, interval=info.interval if info else 0,
-                                              last_sync=info.last_sync_time if info else 0.0)}
-    if (p := progress_of(pool, unit_id)) is not None:
+                                       last_sync=info.last_sync_time if info else 0.0, runs=runs)}
+    if (p := progress_of(pool, unit_id, path=progress)) is not None:
         out.update(progress_bytes_sent=p["bytes_sent"], progress_bytes_planned=p["bytes_planned"],
                    progress_rate=p["rate_bps"])
     return out
@@ -70,12 +75,14 @@ class Admin(admin_pb2_grpc.AdminServicer):
     def ListReplications(self, req, context):
         out = []
         units, next_token = self.status.units_page(req.max_entries, req.starting_token)
+        pool, runs = self.status.pool, next_runs(self.status.pool)
         for unit_id in units:
             try:
                 info, kind, members = self.status.row(unit_id)
             except Exception:  # noqa: BLE001 - a unit half torn down is skipped, not fatal
                 continue
-            out.append(status_message(info, unit_id, kind, members, self.status.pool))
+            live = live_status(pool, unit_id, info, runs=runs, progress=self.status.records.progress_path(unit_id))
+            out.append(status_message(info, unit_id, kind, members, live=live))
         return admin_pb2.ListReplicationsResponse(replications=out, next_token=next_token)
 
     @rpc

@@ -1,15 +1,21 @@
-"""Prometheus /metrics for one site, computed from the pool's durable state at scrape time."""
+"""Prometheus /metrics for one site, from the pool's durable state: each unit's records as of
+the scrape (read again only when they changed), the clock's series computed at the scrape."""
 from __future__ import annotations
 
 import argparse
+import gzip
 import logging
 import os
 import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import start_http_server
-from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import REGISTRY, GaugeMetricFamily
+from prometheus_client.utils import floatToGoString
 
 from drsvc.config import SiteConfig, load
+from drsvc.replication.control import Info
 from drsvc.signals import wait_for_stop
 from drsvc.site import Site
 
@@ -19,7 +25,7 @@ log = logging.getLogger("workers.metrics")
 PREFIX = "drsvc_replication"
 
 
-LABELS = ["site", "unit", "kind", "peer"]
+BACKSLASH, NEWLINE = "\\", "\n"
 # name -> (help, value of a unit's Info; None: not exported for that unit). Gauges.
 GAUGES = {
     "last_sync_timestamp_seconds": ("Primary: start of the last successful sync. Secondary: commit time of the "
@@ -50,53 +56,157 @@ GAUGES = {
 }
 
 
-class ReplicationCollector:
-    """Every value comes from the pool's durable records at scrape time; the counters are
-    counted in the sync outcome record (control.json), so they survive a restart of this
-    process and never go backwards."""
+# Families in the order of the page: the gauges above, then these (name -> type, help).
+FAMILIES = {**{name: ("gauge", doc) for name, (doc, _) in GAUGES.items()},
+            "role": ("gauge", "1 for the role this site holds"),
+            "health": ("gauge", "1 for the current health status"),
+            "sync_failures": ("counter", "Failed syncs"),
+            "syncs": ("counter", "Syncs this site ran as the sender, by result"),
+            "sent_bytes": ("counter", "Bytes on the wire of this site's successful syncs"),
+            "changed_bytes": ("counter", "Data bytes this site's successful syncs changed at the peer"),
+            "points": ("gauge", "Recovery points kept at this site"),
+            "points_bytes": ("gauge", "Bytes kept for the recovery points alone (the sum of their unique bytes)"),
+            "dr_bytes": ("gauge", "Bytes the unit takes at this site: the replica plus its recovery points")}
+ROLES = ("primary", "secondary")
+HEALTH = ("HEALTHY", "DEGRADED", "ERROR", "UNKNOWN", "VERIFY_FAILED")
+# What changes with the clock or the replica's allocation, not with the unit's records:
+# rendered on every scrape. The rest of a unit's lines are kept until its records change.
+NOW_FIELDS = ("lag_seconds", "missed_intervals", "status", "status_message")
+NOW_FAMILIES = ("lag_seconds", "data_age_seconds", "missed_intervals", "health", "points", "points_bytes",
+                "dr_bytes")
+KEPT_FIELDS = tuple(f for f in Info.__dataclass_fields__ if f not in NOW_FIELDS)
+
+
+def series_name(family: str) -> str:
+    kind = FAMILIES[family][0]
+    return f"{PREFIX}_{family}_total" if kind == "counter" else f"{PREFIX}_{family}"
+
+
+def header(family: str) -> str:
+    """A family's HELP and TYPE lines, as prometheus_client writes the text format."""
+    kind, doc = FAMILIES[family]
+    name = series_name(family)
+    return f"# HELP {name} {doc.replace(BACKSLASH, BACKSLASH * 2).replace(NEWLINE, BACKSLASH + 'n')}\n# TYPE {name} {kind}\n"
+
+
+def label_value(v: str) -> str:
+    """A label's value escaped as the format asks: backslash, newline, double quote."""
+    return str(v).replace(BACKSLASH, BACKSLASH * 2).replace(NEWLINE, BACKSLASH + "n").replace('"', BACKSLASH + '"')
+
+
+class UnitLines:
+    """One unit's samples: its label set (in the format's sorted order) and line makers. The
+    lines of the scrape-time series are kept by value too (health, missed intervals and
+    points change seldom; only the lag is formatted at every scrape)."""
+
+    def __init__(self, site: str, unit_id: str, kind: str, peer: str):
+        self.kind, self.peer = label_value(kind), label_value(peer)
+        self.tail = f'site="{label_value(site)}",unit="{label_value(unit_id)}"'
+        self._by_value: dict[tuple, str] = {}
+
+    def name_labels(self, family: str, extra: tuple[str, str] | None = None) -> str:
+        labels = f'kind="{self.kind}",peer="{self.peer}",'
+        if extra:
+            labels += f'{extra[0]}="{label_value(extra[1])}",'
+        return f"{series_name(family)}{{{labels}{self.tail}}}"
+
+    def line(self, family: str, value, extra: tuple[str, str] | None = None) -> str:
+        return f"{self.name_labels(family, extra)} {floatToGoString(value)}\n"
+
+    def kept(self, info: Info) -> dict[str, str]:
+        """The lines that change only with the unit's records, by family."""
+        out = {}
+        for name, (_, value) in GAUGES.items():
+            if name not in NOW_FAMILIES and (v := value(info)) is not None:
+                out[name] = self.line(name, v)
+        out["role"] = "".join(self.line("role", 1.0 if info.role == r else 0.0, ("role", r)) for r in ROLES)
+        out["sync_failures"] = self.line("sync_failures", info.failures_total)
+        out["syncs"] = (self.line("syncs", info.syncs_total, ("result", "success"))
+                        + self.line("syncs", info.failures_total, ("result", "failure")))
+        out["sent_bytes"] = self.line("sent_bytes", info.sent_bytes_total)
+        out["changed_bytes"] = self.line("changed_bytes", info.changed_bytes_total)
+        return out
+
+    def _memo(self, key: tuple, make) -> str:
+        text = self._by_value.get(key)
+        if text is None:
+            if len(self._by_value) > 64:            # values seen long ago
+                self._by_value.clear()
+            text = self._by_value[key] = make()
+        return text
+
+    def now(self, info: Info, points: tuple[int, int, int] | None) -> list[tuple[str, str]]:
+        """The lines rendered at each scrape, as (family, text)."""
+        out = []
+        for name in ("lag_seconds", "data_age_seconds"):
+            if (v := GAUGES[name][1](info)) is not None:
+                out.append((name, self._memo((name,), lambda n=name: self.name_labels(n)) + f" {floatToGoString(v)}\n"))
+        out.append(("missed_intervals", self._memo(("missed_intervals", info.missed_intervals),
+                                                   lambda: self.line("missed_intervals", info.missed_intervals))))
+        out.append(("health", self._memo(("health", info.status), lambda: "".join(
+            self.line("health", 1.0 if info.status == st else 0.0, ("status", st)) for st in HEALTH))))
+        if points is not None:
+            for name, v in zip(("points", "points_bytes", "dr_bytes"), points, strict=True):
+                out.append((name, self._memo((name, v), lambda n=name, v=v: self.line(n, v))))
+        return out
+
+
+class Exporter:
+    """The page of one site's units, from the read model's cached records: a unit's lines are
+    rendered again only when its records changed (``rendered`` counts those), and only the
+    clock's series (lag, missed intervals, health) and the space series on every scrape."""
 
     def __init__(self, cfg: SiteConfig):
         self.cfg = cfg
         self.service = Site.from_config(cfg).status      # the read model: no dispatcher
+        self._kept: dict[str, tuple] = {}                # unit -> (key, UnitLines, kept lines)
+        self._lock = threading.Lock()
+        self.rendered = 0
 
-    def _units(self):
-        for unit_id in self.service.units():
-            try:
-                info, kind, members = self.service.row(unit_id)
-            except Exception as e:  # noqa: BLE001 - one bad unit must not blank the page
-                log.warning("unit %s: %s", unit_id, e)
-                continue
-            yield [self.cfg.site, unit_id, kind, info.peer], info, members
+    def _unit(self, unit_id: str, parts: dict[str, list]) -> None:
+        info, kind, members = self.service.row(unit_id)
+        key = (kind, info.peer, *(getattr(info, f) for f in KEPT_FIELDS))
+        hit = self._kept.get(unit_id)
+        if hit is None or hit[0] != key:
+            lines = UnitLines(self.cfg.site, unit_id, kind, info.peer)
+            hit = key, lines, lines.kept(info)
+            self._kept[unit_id] = hit
+            self.rendered += 1
+        try:
+            points = self.service.points_summary(unit_id, members)
+        except Exception as e:  # noqa: BLE001 - one bad unit must not blank the page
+            log.warning("unit %s points: %s", unit_id, e)
+            points = None
+        for family, text in (*hit[2].items(), *hit[1].now(info, points)):
+            parts[family].append(text)
+
+    def render(self) -> str:
+        """The units' families, in the text format (version 0.0.4)."""
+        with self._lock:
+            parts: dict[str, list] = {name: [] for name in FAMILIES}
+            units = self.service.units()
+            for unit_id in units:
+                try:
+                    self._unit(unit_id, parts)
+                except Exception as e:  # noqa: BLE001 - one bad unit must not blank the page
+                    log.warning("unit %s: %s", unit_id, e)
+            for gone in self._kept.keys() - set(units):
+                del self._kept[gone]
+                self.service.records.forget(gone)
+            return "".join(header(name) + "".join(parts[name]) for name in FAMILIES)
+
+    def page(self) -> bytes:
+        """/metrics: the process's own collectors (prometheus_client's), the units, the site."""
+        site = CollectorRegistry()
+        site.register(SiteCollector(self.cfg))
+        return generate_latest(REGISTRY) + self.render().encode() + generate_latest(site)
+
+
+class SiteCollector:
+    def __init__(self, cfg: SiteConfig):
+        self.cfg = cfg
 
     def collect(self):
-        g = {name: GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=LABELS) for name, (doc, _) in GAUGES.items()}
-        role = GaugeMetricFamily(f"{PREFIX}_role", "1 for the role this site holds", labels=LABELS + ["role"])
-        health = GaugeMetricFamily(f"{PREFIX}_health", "1 for the current health status", labels=LABELS + ["status"])
-        failures = CounterMetricFamily(f"{PREFIX}_sync_failures", "Failed syncs", labels=LABELS)
-        syncs = CounterMetricFamily(f"{PREFIX}_syncs", "Syncs this site ran as the sender, by result",
-                                    labels=LABELS + ["result"])
-        sent = CounterMetricFamily(f"{PREFIX}_sent_bytes", "Bytes on the wire of this site's successful syncs",
-                                   labels=LABELS)
-        changed = CounterMetricFamily(f"{PREFIX}_changed_bytes",
-                                      "Data bytes this site's successful syncs changed at the peer", labels=LABELS)
-        points = _points_families(LABELS)
-        for lv, info, members in self._units():
-            for name, (_, value) in GAUGES.items():
-                if (v := value(info)) is not None:
-                    g[name].add_metric(lv, v)
-            for r in ("primary", "secondary"):
-                role.add_metric(lv + [r], 1.0 if info.role == r else 0.0)
-            for st in ("HEALTHY", "DEGRADED", "ERROR", "UNKNOWN", "VERIFY_FAILED"):
-                health.add_metric(lv + [st], 1.0 if info.status == st else 0.0)
-            failures.add_metric(lv, info.failures_total)
-            syncs.add_metric(lv + ["success"], info.syncs_total)
-            syncs.add_metric(lv + ["failure"], info.failures_total)
-            sent.add_metric(lv, info.sent_bytes_total)
-            changed.add_metric(lv, info.changed_bytes_total)
-            _add_points(points, self.service, lv, members)
-        yield from g.values()
-        yield from (role, health, failures, syncs, sent, changed)
-        yield from points.values()
         yield from site_families(self.cfg)
 
 
@@ -137,31 +247,31 @@ def _probe(peer) -> list[tuple[str, bool]]:
     return out
 
 
-# -- recovery points --------------------------------------------------------------------------
-def _points_families(labels) -> dict:
-    return {name: GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=labels) for name, doc in (
-        ("points", "Recovery points kept at this site"),
-        ("points_bytes", "Bytes kept for the recovery points alone (the sum of their unique bytes)"),
-        ("dr_bytes", "Bytes the unit takes at this site: the replica plus its recovery points"),
-    )}
+class MetricsHandler(BaseHTTPRequestHandler):
+    exporter: Exporter
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        body = self.exporter.page()
+        self.send_response(200)
+        self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+        if "gzip" in (self.headers.get("Accept-Encoding") or ""):
+            body = gzip.compress(body, compresslevel=1)
+            self.send_header("Content-Encoding", "gzip")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, fmt, *args):
+        log.debug("%s " + fmt, self.address_string(), *args)
 
 
-def _add_points(fam: dict, status, lv: list, members: list) -> None:
-    from drsvc.replication.control import Unit
-    unit_id, kind = lv[1], lv[2]
-    try:
-        pts, space, _ = status.points(Unit(kind, unit_id, tuple(members)))
-    except Exception as e:  # noqa: BLE001 - one bad unit must not blank the page
-        log.warning("unit %s points: %s", unit_id, e)
-        return
-    fam["points"].add_metric(lv, len(pts))
-    fam["points_bytes"].add_metric(lv, space.points_bytes)
-    fam["dr_bytes"].add_metric(lv, space.total)
-
-
-def serve(cfg: SiteConfig, port: int | None = None, address: str = "127.0.0.1"):
-    REGISTRY.register(ReplicationCollector(cfg))
-    return start_http_server(port or cfg.metrics_port, addr=address)
+def serve(cfg: SiteConfig, port: int | None = None, address: str = "127.0.0.1") -> ThreadingHTTPServer:
+    """/metrics on *address*:*port* in a thread of its own; returns the server."""
+    handler = type("Handler", (MetricsHandler,), {"exporter": Exporter(cfg)})
+    server = ThreadingHTTPServer((address, port or cfg.metrics_port), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server
 
 
 def main(argv=None) -> int:

@@ -137,13 +137,14 @@ def next_runs(pool) -> dict:
 
 
 def next_sync(pool, unit_id: str, *, interval: float = 0, last_sync: float = 0.0,
-              now: float | None = None) -> float:
+              now: float | None = None, runs: dict | None = None) -> float:
     """When the scheduler means to queue this unit's next sync (0.0: not scheduled here).
 
     The scheduler publishes its next runs when its schedule changes, so a published run may
     have passed; when a sync started at or after it, the run happened, and the next one
-    is on the same interval grid (``roll_forward``)."""
-    ts = float(next_runs(pool).get(unit_id) or 0.0)
+    is on the same interval grid (``roll_forward``). *runs*: next_runs(pool), read once by a
+    listing of many units."""
+    ts = float((next_runs(pool) if runs is None else runs).get(unit_id) or 0.0)
     return roll_forward(ts, interval=interval, last_sync=last_sync, now=time.time() if now is None else now)
 
 

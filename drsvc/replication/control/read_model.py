@@ -19,8 +19,8 @@ from ...schedule import assess
 from ..common import unit_state
 from ..points import index as points
 from .health import secondary_health
+from .record_cache import RecordCache
 from .relationship import Control, control_from_origin, find_control
-from .verify_record import VerifyRecord
 
 
 @dataclass(frozen=True)
@@ -123,6 +123,8 @@ class ReplicationStatus:
         self.pool = Path(pool)
         self.volumes = volumes
         self.groups = groups
+        self.records = RecordCache(self.pool)     # a listing parses only the records that changed
+        self._whole: dict[str, tuple] = {}        # unit -> (its records' version, its points' whole images)
 
     def resolve(self, kind: str, ident: str) -> Unit:
         if kind == "group":
@@ -156,9 +158,10 @@ class ReplicationStatus:
         return self.row(unit_id)[0]
 
     def row(self, unit_id: str) -> tuple[Info, str, list]:
-        """describe() and kind_of() from one read of the unit's two records (a listing's row)."""
-        st = unit_state.find_state(self.pool, unit_id)
-        own = find_control(self.pool, unit_id)
+        """describe() and kind_of() from the unit's two records, parsed again only when they
+        changed (``record_cache``): a listing's row."""
+        st = self.records.state(unit_id)
+        own = self.records.control(unit_id)
         info = self._describe(unit_id, st, own or (control_from_origin(st) if st else None))
         if st is not None:
             return info, st.kind, list(st.members)
@@ -194,7 +197,7 @@ class ReplicationStatus:
 
     def _verify(self, st, c: Control) -> dict:
         """The replica's verify, as the status reports it (``scrub.VerifyRecord``)."""
-        v = VerifyRecord.find(self.pool, st.unit_id).judge(st)
+        v = self.records.judge_verify(st)
         return {"verify_interval": verify_interval_of(c, self.verify_interval),
                 "last_verify_time": v["last_verify_at"] or float(getattr(st, "receiving_since", 0.0) or 0.0),
                 "verify_failed": v["failed"], "verify_mismatched_blocks": v["mismatched_blocks"],
@@ -224,7 +227,7 @@ class ReplicationStatus:
             if max_entries and len(out) == max_entries:
                 return out, out[-1]
             try:
-                if layout.control_path(name).exists() or layout.state_path(name).exists():
+                if self.records.has_records(name):
                     out.append(name)
             except DrsvcError:          # not a unit's directory
                 continue
@@ -238,6 +241,22 @@ class ReplicationStatus:
         pts, space = points.listing(layout, unit.unit_id, unit.members)
         idx = points.Index.find(layout, unit.unit_id)
         return pts, space, (idx.grid if idx else "")
+
+    def points_summary(self, unit_id: str, members) -> tuple[int, int, int]:
+        """(points, their unique bytes, the unit's bytes here: replica + points), from the
+        cached index; the replica's allocation and the points' whole images (a promote's
+        seal) are measured on each call, as they change without the index."""
+        idx = self.records.points_index(unit_id)
+        pts = idx.points if idx else []
+        version = self.records.version(unit_id, "points", "state")
+        hit = self._whole.get(unit_id)
+        if hit is None or hit[0] != version:
+            hit = version, points.whole_images(PoolLayout(self.pool), unit_id, pts)
+            self._whole[unit_id] = hit
+        kept = sum(p.unique_bytes for p in pts) + sum(points.unshared_bytes(path) for path in hit[1])
+        vols = list(members) or (list(pts[-1].members) if pts else [])
+        replica = sum(points.allocated_bytes(self.records.image_path(v)) for v in vols)
+        return len(pts), kept, replica + kept
 
     def kind_of(self, unit_id: str) -> tuple[str, list]:
         st = unit_state.find_state(self.pool, unit_id)

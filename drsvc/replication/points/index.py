@@ -305,8 +305,19 @@ def listing(layout: PoolLayout, unit_id: str, members=()) -> tuple[list[Point], 
         for v in p.members:
             p.unique_bytes += unshared_bytes(layout.point_image(unit_id, p.generation, v))
     vols = list(members) or (list(pts[-1].members) if pts else [])
-    replica = sum(undo_log.allocated(layout.image(v)) for v in vols)
+    replica = sum(allocated_bytes(layout.image(v)) for v in vols)
     return pts, Space(replica, sum(p.unique_bytes for p in pts))
+
+
+def whole_images(layout: PoolLayout, unit_id: str, pts) -> list[Path]:
+    """The whole images the points *pts* hold (a promote's seal, a point a prune made whole)."""
+    return [path for p in pts for v in p.members
+            if (path := layout.point_image(unit_id, p.generation, v)).exists()]
+
+
+def allocated_bytes(path: Path) -> int:
+    """Bytes the file holds on disk (0: no file)."""
+    return undo_log.allocated(path)
 
 
 def pin_newer(layout: PoolLayout, idx: Index, generation: int, seconds: float = PIN_NEWER) -> None:

@@ -53,9 +53,11 @@ def progress_path(pool, unit_id: str) -> Path:
     return PoolLayout(pool).unit_dir(unit_id) / PROGRESS
 
 
-def progress_of(pool, unit_id: str, *, now: float | None = None, stale_s: float = 30.0) -> dict | None:
-    """A running sync's progress: bytes sent, bytes planned, rate. None when none runs."""
-    doc = store.read_json(progress_path(pool, unit_id))
+def progress_of(pool, unit_id: str, *, now: float | None = None, stale_s: float = 30.0,
+                path: str | None = None) -> dict | None:
+    """A running sync's progress: bytes sent, bytes planned, rate. None when none runs.
+    *path*: the unit's progress_path, when the caller keeps it (a listing of many units)."""
+    doc = store.read_json(path or progress_path(pool, unit_id))
     now = time.time() if now is None else now
     if not doc or now - float(doc.get("updated_at") or 0) > stale_s:
         return None
