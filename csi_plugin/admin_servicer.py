@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 
 from drsvc.errors import MissingField
+from drsvc.paging import page_by_number
 from drsvc.replication.control import next_runs, next_sync
 from drsvc.replication.sender import progress_of
 
@@ -112,10 +113,12 @@ class Admin(admin_pb2_grpc.AdminServicer):
     @rpc
     def ListRecoveryPoints(self, req, context):
         pts, space, grid = self.status.points(self._unit(req.unit))
+        page = page_by_number(pts, lambda p: p.generation, req.max_entries, req.starting_token)
         now = time.time()
         return admin_pb2.ListRecoveryPointsResponse(
+            next_token=page.next_token,
             points=[admin_pb2.RecoveryPoint(
                 generation=p.generation, time=p.time, time_rfc3339=p.rfc3339, kind=p.kind,
                 pinned=p.is_pinned(now), pin_until=p.pin_until or 0.0, unique_bytes=p.unique_bytes,
-                total_bytes=p.total_bytes, members=list(p.members)) for p in pts],
+                total_bytes=p.total_bytes, members=list(p.members)) for p in page.items],
             replica_bytes=space.replica_bytes, points_bytes=space.points_bytes, retention=grid)

@@ -108,6 +108,15 @@ class Pool:
                 docs.append(doc)
         return docs
 
+    def list_ids(self, subdir: str) -> list[str]:
+        """The ids of the JSON records in *subdir*, sorted, from the directory's names only
+        (temp files and tombstones, which start with a dot, are not records)."""
+        try:
+            names = os.listdir(self.layout.subdir(subdir))
+        except FileNotFoundError:
+            return []
+        return sorted(n[:-5] for n in names if n.endswith(".json") and not n.startswith("."))
+
     def space(self) -> tuple[int, int]:
         """(free, total) bytes of the pool filesystem."""
         st = os.statvfs(self.root)

@@ -12,13 +12,13 @@ import os
 import time
 
 from . import store
-from .errors import (CapacityOutOfRange, InvalidParameter, MissingField, PoolFull,
+from .errors import (CapacityOutOfRange, CorruptMetadata, DrsvcError, InvalidParameter, MissingField, PoolFull,
                      ResourceExhausted, SnapshotExists, SnapshotNotFound, UnsupportedCapability,
                      VolumeExists, VolumeInUse, VolumeNotFound, InvalidInput)
 from .host import filesystems, reflink
 from .ids import check_id, check_map, check_name, name_key, new_id
 from .model import BLOCK, MOUNT, SINGLE_NODE_MODES, Capability, ContentSource, Snapshot, Volume
-from .paging import paginate
+from .paging import page_by_id
 from .pool import Pool
 from .failpoints import failpoint
 
@@ -360,11 +360,19 @@ class VolumeService:
 
     # -- list / capacity / expand ---------------------------------------------
     def list_volumes(self, max_entries: int = 0, token: str = ""):
-        vols = [Volume.from_doc(d) for d in self.pool.list_docs("volumes")]
-        for v in vols:
-            v.topology = self.topology
-        vols = sorted((v for v in vols if v.state == "ready"), key=lambda v: (v.created_at, v.volume_id))
-        return paginate(vols, max_entries, token)
+        """Ready volumes in id order (ids begin with their creation time: page_by_id), a page
+        reading its own volumes' records only."""
+        return page_by_id(self.pool.list_ids("volumes"), max_entries, token, self._listed_volume, marker="vol-")
+
+    def _listed_volume(self, volume_id: str) -> Volume | None:
+        try:
+            vol = self.find_volume(volume_id)
+        except CorruptMetadata as e:
+            log.error("%s", e)
+            return None
+        except DrsvcError:              # a name that is no volume id
+            return None
+        return vol if vol is not None and vol.state == "ready" else None
 
     def capacity(self, topology: dict | None = None, capabilities: list[Capability] = (),
                  parameters: dict | None = None) -> tuple[int, int, int]:
@@ -498,9 +506,20 @@ class VolumeService:
 
     def list_snapshots(self, max_entries: int = 0, token: str = "", snapshot_id: str = "",
                        source_volume_id: str = ""):
-        snaps = [Snapshot.from_doc(d) for d in self.pool.list_docs("snapshots")]
-        snaps = [s for s in snaps if s.state == "ready"
-                 and (not snapshot_id or s.snapshot_id == snapshot_id)
-                 and (not source_volume_id or s.source_volume_id == source_volume_id)]
-        snaps.sort(key=lambda s: (s.created_at, s.snapshot_id))
-        return paginate(snaps, max_entries, token)
+        """Ready snapshots in id order, as list_volumes. With *snapshot_id*, that one record is
+        read; with *source_volume_id* alone, every record after the token is read until the
+        page is full (no index by source)."""
+        ids = [snapshot_id] if snapshot_id else self.pool.list_ids("snapshots")
+
+        def load(sid: str) -> Snapshot | None:
+            try:
+                snap = self.find_snapshot(sid)
+            except CorruptMetadata as e:
+                log.error("%s", e)
+                return None
+            except DrsvcError:          # a name (or a requested id) that is no snapshot id
+                return None
+            if snap is None or snap.state != "ready":
+                return None
+            return snap if not source_volume_id or snap.source_volume_id == source_volume_id else None
+        return page_by_id(ids, max_entries, token, load, marker="snap-")

@@ -49,6 +49,7 @@ def _status(s) -> dict:
 
 
 STATUS_PAGE = 500        # units per ListReplications call when the caller lists them all
+POINTS_PAGE = 500        # points per ListRecoveryPoints call when the caller lists them all
 
 
 class DrClient:
@@ -200,13 +201,25 @@ class DrClient:
             unit=self.unit(volume_id, group_id), name_prefix=prefix, recovery_point=point))
         return {"generation": r.generation, "volumes": [_volume(v) for v in r.volumes]}
 
-    def recovery_points(self, *, volume_id: str = "", group_id: str = "") -> dict:
-        """The unit's recovery points at this site (oldest first) and the space they take."""
+    def recovery_points(self, *, volume_id: str = "", group_id: str = "", limit: int = 0, token: str = "") -> dict:
+        """The unit's recovery points at this site (oldest first) and the space they take.
+        With *limit*: one page of that many from after *token*, and the next page's token;
+        without: every page, POINTS_PAGE points an answer."""
+        if limit:
+            return self._points_page(volume_id, group_id, limit, token)
+        out = self._points_page(volume_id, group_id, POINTS_PAGE, token)
+        while out["next_token"]:
+            more = self._points_page(volume_id, group_id, POINTS_PAGE, out["next_token"])
+            out = {**more, "points": out["points"] + more["points"]}
+        return out
+
+    def _points_page(self, volume_id: str, group_id: str, limit: int, token: str) -> dict:
         r = self._call(self.admin.ListRecoveryPoints, admin_pb2.ListRecoveryPointsRequest(
-            unit=self.unit(volume_id, group_id)))
+            unit=self.unit(volume_id, group_id), max_entries=limit, starting_token=token))
         return {"points": [{"generation": p.generation, "time": p.time_rfc3339, "kind": p.kind, "pinned": p.pinned,
                             "unique_bytes": p.unique_bytes, "total_bytes": p.total_bytes} for p in r.points],
-                "replica_bytes": r.replica_bytes, "points_bytes": r.points_bytes, "retention": r.retention}
+                "replica_bytes": r.replica_bytes, "points_bytes": r.points_bytes, "retention": r.retention,
+                "next_token": r.next_token}
 
     # -- node: stage and publish a volume on this host (drills, demos) -------------------
     def _mount_cap(self, fs_type: str, readonly: bool):

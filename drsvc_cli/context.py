@@ -125,7 +125,10 @@ def unit(args, c) -> dict:
 def resolve(c, kind: str, text: str, *, must_exist: bool = False) -> str:
     """A whole id, or the one id that *text* is a prefix of (volumes and groups here, and the
     replication units this site holds). Ambiguous is a usage error; no match is not found when
-    *must_exist*, otherwise the text is passed on for the plugin to answer."""
+    *must_exist*, otherwise the text is passed on for the plugin to answer. A whole id of a
+    unit that replicates here is known from its status alone, without listing the site."""
+    if _replicates_here(c, kind, text):
+        return text
     known = set(v["volume_id"] for v in c.list_volumes()) if kind == "volume" else \
         set(g["group_id"] for g in c.list_groups())
     try:
@@ -142,3 +145,11 @@ def resolve(c, kind: str, text: str, *, must_exist: bool = False) -> str:
     if must_exist:
         raise NotFoundError(f"{kind} {text} does not exist at this site")
     return text
+
+
+def _replicates_here(c, kind: str, text: str) -> bool:
+    try:
+        c.status(**({"volume_id": text} if kind == "volume" else {"group_id": text}))
+    except Exception:  # noqa: BLE001 - not a whole id of a unit here: the listing decides
+        return False
+    return True

@@ -100,15 +100,13 @@ class UnitLines:
     points change seldom; only the lag is formatted at every scrape)."""
 
     def __init__(self, site: str, unit_id: str, kind: str, peer: str):
-        self.kind, self.peer = label_value(kind), label_value(peer)
-        self.tail = f'site="{label_value(site)}",unit="{label_value(unit_id)}"'
+        self.labels = {"kind": kind, "peer": peer, "site": site, "unit": unit_id}
         self._by_value: dict[tuple, str] = {}
 
     def name_labels(self, family: str, extra: tuple[str, str] | None = None) -> str:
-        labels = f'kind="{self.kind}",peer="{self.peer}",'
-        if extra:
-            labels += f'{extra[0]}="{label_value(extra[1])}",'
-        return f"{series_name(family)}{{{labels}{self.tail}}}"
+        pairs = sorted({**self.labels, **dict([extra] if extra else [])}.items())
+        body = ",".join(f'{k}="{label_value(v)}"' for k, v in pairs)
+        return f"{series_name(family)}{{{body}}}"
 
     def line(self, family: str, value, extra: tuple[str, str] | None = None) -> str:
         return f"{self.name_labels(family, extra)} {floatToGoString(value)}\n"
