@@ -355,3 +355,18 @@ def _reference(ex) -> CollectorRegistry:
     reg = CollectorRegistry()
     reg.register(Reference())
     return reg
+
+
+def test_bench_listing_reports_each_size(capsys):
+    """bench.listing's code paths at tiny sizes: a row per size, every listing whole."""
+    from bench import listing
+    assert listing.main(["--sizes", "6,12", "--page", "3", "--rounds", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [row["units"] for row in out["sizes"]] == [6, 12]
+    for row in out["sizes"]:
+        assert row["scrape_cold"]["bytes"] > 0 and row["scrape_warm"]["bytes"] > 0
+        assert row["status_all_cold"]["result"] == row["status_all_warm"]["result"] == row["units"]
+        n = row["units"]
+        assert {k: v["result"] for k, v in row["list_volumes_page"].items()} == {
+            "start": 3, "middle": min(3, n - n // 2 - 1), "end": 3}
+        assert row["floor_stat_records"]["result"] == 2 * row["units"]
