@@ -26,7 +26,8 @@ After --warmup seconds, a window of --duration seconds is measured:
 After each window, with the syncs going on: Redis memory per unit (used_memory over the
 one at lab start), `drsvc status` of every unit (the Admin service's ListReplications, page
 by page, over each node's pool), a /metrics scrape of each node (workers.metrics'
-collector, rendered), and --creates-under-load CreateVolume calls timed.
+Exporter), each twice, 15 s apart (the first pass parses every unit's records, the next
+only those that changed), and --creates-under-load CreateVolume calls timed.
 
 --growth 600,2000,5000 measures a window at each size on one lab (volumes are added between
 windows), and prints one table row per size, to show which figures grow with the units.
@@ -162,15 +163,26 @@ def redis_memory(port: int) -> dict:
 
 
 # -- the operator's listings, through their real code over every node's pool --------------
+GAP_S = 15.0       # between a listing's first pass and its next: a scrape interval, syncs going on
+
+
 def status_all(lab, site: str, page: int) -> dict:
     """`drsvc status` of every unit: the Admin service's ListReplications (the code the CLI
-    calls), page after page, over each storage node's pool; wall time and pages."""
+    calls), page after page, over each storage node's pool; wall time and pages. Twice, as
+    the plugin answers them: the first walk of a new read model parses every unit's records
+    (``first_s``), the next, GAP_S later, only those that changed (``s``)."""
     from csi_plugin.admin_servicer import Admin
-    from csi_plugin.gen import admin_pb2
     from drsvc.replication.control import ReplicationStatus
+    admins = [Admin(None, None, ReplicationStatus(site, lab.pool(n, site), None, None)) for n in lab.nodes]
+    first = _walk(admins, page)
+    time.sleep(GAP_S)
+    return {**_walk(admins, page), "first_s": first["s"]}
+
+
+def _walk(admins, page: int) -> dict:
+    from csi_plugin.gen import admin_pb2
     t, pages, rows, worst = time.perf_counter(), 0, 0, 0.0
-    for n in lab.nodes:
-        admin = Admin(None, None, ReplicationStatus(site, lab.pool(n, site), None, None))
+    for admin in admins:
         token = ""
         while True:
             t0 = time.perf_counter()
@@ -184,19 +196,25 @@ def status_all(lab, site: str, page: int) -> dict:
 
 
 def scrape_all(lab, site: str) -> dict:
-    """A /metrics scrape of each storage node (workers.metrics' collector, rendered as the
-    HTTP server renders it): the slowest node's time, and the bytes of all."""
-    from prometheus_client import CollectorRegistry, generate_latest
+    """A /metrics scrape of each storage node (workers.metrics' Exporter: the page its HTTP
+    server answers): the slowest node's time and the bytes of all. Twice, as a running
+    exporter answers them: the first scrape of a new exporter parses every record
+    (``first_s``), the next, GAP_S later, only those that changed (``s``)."""
     from drsvc.config import load
-    from workers.metrics import ReplicationCollector
-    worst, size = 0.0, 0
-    for n in lab.nodes:
-        reg = CollectorRegistry()
-        reg.register(ReplicationCollector(load(lab.config_of(site), node=n)))
-        t = time.perf_counter()
-        size += len(generate_latest(reg))
-        worst = max(worst, time.perf_counter() - t)
-    return {"s": round(worst, 3), "bytes": size}
+    from workers.metrics import Exporter
+    exporters = [Exporter(load(lab.config_of(site), node=n)) for n in lab.nodes]
+
+    def scrape() -> tuple[float, int]:
+        worst, size = 0.0, 0
+        for ex in exporters:
+            t = time.perf_counter()
+            size += len(ex.page())
+            worst = max(worst, time.perf_counter() - t)
+        return worst, size
+    first, _ = scrape()
+    time.sleep(GAP_S)
+    worst, size = scrape()
+    return {"s": round(worst, 3), "first_s": round(first, 3), "bytes": size}
 
 
 # -- the bench -------------------------------------------------------------------------
