@@ -48,9 +48,9 @@ def grow(site, start: int, count: int) -> list[str]:
     """*count* volumes, each a unit with the records syncs leave."""
     from drsvc.layout import PoolLayout
     from drsvc.model import MOUNT, Capability
-    from drsvc.replication.common import unit_state
-    from drsvc.replication.control.relationship import Control, save_control
-    from drsvc.replication.points.index import Index, Point
+    from drsvc.replication import common as unit_state
+    from drsvc.replication.control import Control, save_control
+    from drsvc.replication.points import Index, Point
     cap = [Capability(MOUNT, "SINGLE_NODE_WRITER", "ext4")]
     pool, now, out = site.pool.root, time.time(), []
     for i in range(start, start + count):

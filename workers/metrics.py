@@ -265,9 +265,13 @@ class MetricsHandler(BaseHTTPRequestHandler):
 
 def serve(cfg: SiteConfig, port: int | None = None, address: str = "127.0.0.1") -> ThreadingHTTPServer:
     """/metrics on *address*:*port* in a thread of its own; returns the server."""
-    handler = type("Handler", (MetricsHandler,), {"exporter": Exporter(cfg)})
+    exporter = Exporter(cfg)
+    handler = type("Handler", (MetricsHandler,), {"exporter": exporter})
     server = ThreadingHTTPServer((address, port or cfg.metrics_port), handler)
     server.daemon_threads = True
+    # the first page parses every unit's records: made now, so that the first scrape (which
+    # waits for it on the exporter's lock) does not run into the scraper's timeout
+    threading.Thread(target=exporter.render, name="metrics-warm", daemon=True).start()
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server
 

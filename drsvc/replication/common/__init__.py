@@ -19,6 +19,7 @@ _EXPORTS = {
     "DIGEST": "blockmap", "hash_image": "blockmap", "hash_range": "blockmap",
     "find_state": "unit_state", "get_state": "unit_state", "set_role": "unit_state",
     "bump_epoch": "unit_state", "mark_demoted": "unit_state", "promote": "unit_state",
+    "ensure_unit": "unit_state", "save_state": "unit_state",
     "data_intervals": "extents", "shared_intervals": "extents",
     "from_pairs": "ranges", "pairs": "ranges", "round_out": "ranges", "subtract": "ranges",
     "union": "ranges", "clip": "ranges", "empty": "ranges",

@@ -29,7 +29,7 @@ _EXPORTS = {
     "list_schedules": "read_model", "schedule_of": "read_model", "list_verify_schedules": "read_model",
     "verify_schedule_of": "read_model",
     "is_enabled": "read_model",
-    "find_control": "relationship",
+    "find_control": "relationship", "Control": "relationship", "save_control": "relationship",
     "next_sync": "health", "next_runs": "health", "write_next_runs": "health",
     "connect": "peers", "seed_base": "takeover",
     "JOB_MODULES": "jobs", "plan_windows": "scrub_plan", "VERIFY_WINDOW_BYTES": "scrub_plan:WINDOW_BYTES",

@@ -124,7 +124,6 @@ class ReplicationStatus:
         self.volumes = volumes
         self.groups = groups
         self.records = RecordCache(self.pool)     # a listing parses only the records that changed
-        self._whole: dict[str, tuple] = {}        # unit -> (its records' version, its points' whole images)
 
     def resolve(self, kind: str, ident: str) -> Unit:
         if kind == "group":
@@ -244,19 +243,12 @@ class ReplicationStatus:
 
     def points_summary(self, unit_id: str, members) -> tuple[int, int, int]:
         """(points, their unique bytes, the unit's bytes here: replica + points), from the
-        cached index; the replica's allocation and the points' whole images (a promote's
-        seal) are measured on each call, as they change without the index."""
-        idx = self.records.points_index(unit_id)
-        pts = idx.points if idx else []
-        version = self.records.version(unit_id, "points", "state")
-        hit = self._whole.get(unit_id)
-        if hit is None or hit[0] != version:
-            hit = version, points.whole_images(PoolLayout(self.pool), unit_id, pts)
-            self._whole[unit_id] = hit
-        kept = sum(p.unique_bytes for p in pts) + sum(points.unshared_bytes(path) for path in hit[1])
-        vols = list(members) or (list(pts[-1].members) if pts else [])
-        replica = sum(points.allocated_bytes(self.records.image_path(v)) for v in vols)
-        return len(pts), kept, replica + kept
+        cached summary of its index; the replica's allocation and the points' whole images
+        (a promote's seal) are measured on each call, as they change without the index."""
+        count, recorded, whole, newest = self.records.points_summary(unit_id)
+        kept = recorded + sum(points.unshared_bytes(path) for path in whole)
+        replica = sum(points.allocated_bytes(self.records.image_path(v)) for v in (list(members) or newest))
+        return count, kept, replica + kept
 
     def kind_of(self, unit_id: str) -> tuple[str, list]:
         st = unit_state.find_state(self.pool, unit_id)

@@ -4,8 +4,9 @@ A listing of every unit (``drsvc status``, ``/metrics``) would otherwise read an
 every unit's state.json and control.json on each call, though few of them changed since
 the last. Every record is written whole by a rename (``drsvc.store``), so a new version is
 a new inode: a file whose (inode, size, mtime, ctime) is the one the cache read is the
-same version, and costs one stat. Only what the status reads is kept (a state's sync
-reports are dropped), so the cache stays small per unit.
+same version, and costs one stat. Only what the status reads is kept (of a state, not its
+sync reports or sizes, and only its newest receive record; of a points index, its summary),
+so the cache stays small per unit.
 
 ``reads`` counts the documents parsed: the work a listing did beyond its stats.
 """
@@ -80,8 +81,8 @@ class RecordCache:
         return tuple((entries.get(self._unit_path(unit_id, n)) or MISSING)[0] for n in names)
 
     def has_records(self, unit_id: str) -> bool:
-        """The unit's directory holds its control.json or its state.json."""
-        return os.path.exists(self._unit_path(unit_id, "control")) or os.path.exists(self._unit_path(unit_id, "state"))
+        """The unit's directory holds its state.json or its control.json."""
+        return os.path.exists(self._unit_path(unit_id, "state")) or os.path.exists(self._unit_path(unit_id, "control"))
 
     def progress_path(self, unit_id: str) -> str:
         """Where a running sync of the unit writes its progress (``sender.progress``)."""
@@ -114,16 +115,30 @@ class RecordCache:
     def judge_verify(self, st: UnitState) -> dict:
         return judge(self.verify_doc(st.unit_id), generation=st.generation, resync_requested=st.resync_requested)
 
-    def points_index(self, unit_id: str) -> points.Index | None:
-        return self.get(self._unit_path(unit_id, "points"),
-                        lambda p: points.Index.find(self.layout, unit_id))
+    def points_summary(self, unit_id: str) -> tuple:
+        """(points, their recorded unique bytes, the whole images they hold, the newest point's
+        members) of the unit's index, made again when the index or the state changed (a
+        promote's seal makes whole images and changes the state, not the index)."""
+        sig = signature(self._unit_path(unit_id, "points")), self.version(unit_id, "state")[0]
+        hit = self._entries.get(self._unit_path(unit_id, "points"))
+        if hit is not None and hit[0] == sig:
+            return hit[1]
+        idx = points.Index.find(self.layout, unit_id)
+        pts = idx.points if idx else []
+        value = (len(pts), sum(p.unique_bytes for p in pts), tuple(points.whole_images(self.layout, unit_id, pts)),
+                 tuple(pts[-1].members) if pts else ())
+        with self._lock:
+            self.reads += 1
+            self._entries[self._unit_path(unit_id, "points")] = (sig, value)
+        return value
 
 
 def _parse_state(path: str) -> UnitState | None:
     doc = store.read_doc(path)
     if doc is None:
         return None
-    return dataclasses.replace(UnitState.from_doc(doc, path), reports=[])
+    st = UnitState.from_doc(doc, path)
+    return dataclasses.replace(st, reports=[], sizes={}, received=list(st.received or [])[-1:])
 
 
 def _parse_control(path: str) -> Control | None:
