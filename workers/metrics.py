@@ -15,6 +15,7 @@ from prometheus_client.core import REGISTRY, GaugeMetricFamily
 from prometheus_client.utils import floatToGoString
 
 from drsvc.config import SiteConfig, load
+from drsvc.errors import UnitNotFound
 from drsvc.replication.control import Info
 from drsvc.signals import wait_for_stop
 from drsvc.site import Site
@@ -186,6 +187,8 @@ class Exporter:
             for unit_id in units:
                 try:
                     self._unit(unit_id, parts)
+                except UnitNotFound:        # a unit being enabled or torn down: no records (now)
+                    continue
                 except Exception as e:  # noqa: BLE001 - one bad unit must not blank the page
                     log.warning("unit %s: %s", unit_id, e)
             for gone in self._kept.keys() - set(units):

@@ -203,7 +203,13 @@ class ReplicationStatus:
                 "verify_generation": v["generation"], "verify_message": v["message"]}
 
     def units(self) -> list[str]:
-        return self.units_page()[0]
+        """Every unit here, in id order: the names of the units' directories, no record read
+        (a directory whose records are not written yet is listed: its row is UnitNotFound)."""
+        try:
+            names = os.listdir(PoolLayout(self.pool).replication)
+        except FileNotFoundError:
+            return []
+        return sorted(n for n in names if _is_id(n))
 
     def units_page(self, max_entries: int = 0, token: str = "") -> tuple[list[str], str]:
         """Unit ids in id order from after *token* (the last id of the previous page), at
@@ -256,3 +262,11 @@ class ReplicationStatus:
         if st is not None:
             return st.kind, list(st.members)
         return (c.kind, list(c.members)) if c else ("volume", [unit_id])
+
+
+def _is_id(name: str) -> bool:
+    try:
+        check_id(name)
+    except DrsvcError:
+        return False
+    return True
