@@ -184,6 +184,8 @@ def main(argv=None) -> int:
     sock = socket_path(endpoint)
     server = build_server(site, sock, block_metadata=args.block_metadata, thread_init=thread_init)
     server.start()
+    # the read model's first listing would parse every unit's records: done now, beside serving
+    threading.Thread(target=site.status.warm, name="status-warm", daemon=True).start()
     if site.replication is None:
         log.warning("%s", addons_servicers.NO_REPLICATION)
     log.info("serving CSI on unix://%s (pool %s, node %s, site %s%s)", sock, site.pool.root,

@@ -217,6 +217,18 @@ def test_status_pages_stay_flat_and_a_second_walk_reads_no_record(tmp_path):
         assert sum(after) == 1
 
 
+def test_a_warmed_read_model_answers_its_first_walk_from_the_cache(tmp_path):
+    """The plugin warms its read model when it starts (csi_plugin.server), so the first
+    `drsvc status` after a restart parses nothing more than the next."""
+    pool = tmp_path / "pool"
+    make_units(pool, 6)
+    site = Site.open(pool, node_id="n1", site_id="a")
+    assert site.status.warm() == 6 and site.status.records.reads == 6 + 4    # 2 secondaries: no control
+    with serving(site, tmp_path / "csi.sock") as (_, admin), opened() as seen:
+        r = admin.ListReplications(admin_pb2.ListReplicationsRequest())
+    assert len(r.replications) == 6 and records(seen, pool, "replication") == []
+
+
 def test_points_page_with_limit_and_continue(tmp_path, capsys):
     pool = tmp_path / "pool"
     site = Site.open(pool, node_id="n1", site_id="a")

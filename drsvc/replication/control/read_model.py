@@ -238,6 +238,18 @@ class ReplicationStatus:
                 continue
         return out, ""
 
+    def warm(self) -> int:
+        """Read every unit's records into the cache (the first listing after a start would
+        otherwise parse them all); returns the units read. Run in a thread of its own."""
+        done = 0
+        for unit_id in self.units():
+            try:
+                self.row(unit_id)
+                done += 1
+            except Exception:  # noqa: BLE001 - a unit half written is read when it is listed
+                continue
+        return done
+
     def points(self, unit: Unit):
         """The unit's recovery points at this site, oldest first, and the space they take
         (drsvc.replication.points.listing): one read of the unit's index."""
