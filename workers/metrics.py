@@ -153,7 +153,9 @@ class UnitLines:
 class Exporter:
     """The page of one site's units, from the read model's cached records: a unit's lines are
     rendered again only when its records changed (``rendered`` counts those), and only the
-    clock's series (lag, missed intervals, health) and the space series on every scrape."""
+    clock's series (lag, missed intervals, health) and the space series on every scrape. The
+    counters are counted in the sync outcome record (control.json), so they survive a restart
+    of this process and never go backwards."""
 
     def __init__(self, cfg: SiteConfig):
         self.cfg = cfg
