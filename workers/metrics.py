@@ -182,7 +182,7 @@ class Exporter:
             parts[family].append(text)
 
     def render(self) -> str:
-        """The units' families, in the text format (version 0.0.4)."""
+        """The units' families, in the text format as prometheus_client's generate_latest writes it."""
         with self._lock:
             parts: dict[str, list] = {name: [] for name in FAMILIES}
             units = self.service.units()
