@@ -26,7 +26,7 @@ After --warmup seconds, a window of --duration seconds is measured:
 After each window, with the syncs going on: Redis memory per unit (used_memory over the
 one at lab start), `drsvc status` of every unit (the Admin service's ListReplications, page
 by page, over each node's pool), a /metrics scrape of each node (workers.metrics'
-Exporter), each twice, 15 s apart (the first pass parses every unit's records, the next
+Exporter), each twice, --listing-gap (15 s) apart (the first pass parses every unit's records, the next
 only those that changed), and --creates-under-load CreateVolume calls timed.
 
 --growth 600,2000,5000 measures a window at each size on one lab (volumes are added between
@@ -163,19 +163,19 @@ def redis_memory(port: int) -> dict:
 
 
 # -- the operator's listings, through their real code over every node's pool --------------
-GAP_S = 15.0       # between a listing's first pass and its next: a scrape interval, syncs going on
+GAP_S = 15.0       # default --listing-gap: between a listing's first pass and its next (a scrape interval)
 
 
-def status_all(lab, site: str, page: int) -> dict:
+def status_all(lab, site: str, page: int, gap: float = GAP_S) -> dict:
     """`drsvc status` of every unit: the Admin service's ListReplications (the code the CLI
     calls), page after page, over each storage node's pool; wall time and pages. Twice, as
     the plugin answers them: the first walk of a new read model parses every unit's records
-    (``first_s``), the next, GAP_S later, only those that changed (``s``)."""
+    (``first_s``), the next, *gap* seconds later, only those that changed (``s``)."""
     from csi_plugin.admin_servicer import Admin
     from drsvc.replication.control import ReplicationStatus
     admins = [Admin(None, None, ReplicationStatus(site, lab.pool(n, site), None, None)) for n in lab.nodes]
     first = _walk(admins, page)
-    time.sleep(GAP_S)
+    time.sleep(gap)
     return {**_walk(admins, page), "first_s": first["s"]}
 
 
@@ -195,11 +195,11 @@ def _walk(admins, page: int) -> dict:
     return {"s": round(time.perf_counter() - t, 3), "rows": rows, "pages": pages, "slowest_page_s": round(worst, 3)}
 
 
-def scrape_all(lab, site: str) -> dict:
+def scrape_all(lab, site: str, gap: float = GAP_S) -> dict:
     """A /metrics scrape of each storage node (workers.metrics' Exporter: the page its HTTP
     server answers): the slowest node's time and the bytes of all. Twice, as a running
     exporter answers them: the first scrape of a new exporter parses every record
-    (``first_s``), the next, GAP_S later, only those that changed (``s``)."""
+    (``first_s``), the next, *gap* seconds later, only those that changed (``s``)."""
     from drsvc.config import load
     from workers.metrics import Exporter
     exporters = [Exporter(load(lab.config_of(site), node=n)) for n in lab.nodes]
@@ -212,7 +212,7 @@ def scrape_all(lab, site: str) -> dict:
             worst = max(worst, time.perf_counter() - t)
         return worst, size
     first, _ = scrape()
-    time.sleep(GAP_S)
+    time.sleep(gap)
     worst, size = scrape()
     return {"s": round(worst, 3), "first_s": round(first, 3), "bytes": size}
 
@@ -435,8 +435,8 @@ class Scale:
         n = max(1, len(self.vols))
         return {"redis_a_memory_bytes": mem["used"], "redis_a_keys": mem["keys"],
                 "redis_a_bytes_per_unit": round((mem["used"] - self.redis_base) / n),
-                "status_all": status_all(self.lab, "a", self.args.page),
-                "metrics_scrape": scrape_all(self.lab, "a"),
+                "status_all": status_all(self.lab, "a", self.args.page, self.args.listing_gap),
+                "metrics_scrape": scrape_all(self.lab, "a", self.args.listing_gap),
                 "create_under_load_ms": summary_ms(made)}
 
     def _window(self, c0: dict, c1: dict, t0: float, t1: float, load0, seen: dict) -> dict:
@@ -685,6 +685,8 @@ def main(argv=None) -> int:
     ap.add_argument("--growth", default="", help="sizes measured in turn on one lab, e.g. 600,2000,5000,10000; "
                     "one table row per size")
     ap.add_argument("--page", type=int, default=500, help="ListReplications page size of the status timing")
+    ap.add_argument("--listing-gap", type=float, default=GAP_S,
+                    help="seconds between the first and the next pass of the status and /metrics timings")
     ap.add_argument("--creates-under-load", type=int, default=10, help="CreateVolume calls timed after each window")
     ap.add_argument("--growth-duration", type=float, default=120, help="window of the earlier growth stages")
     ap.add_argument("--sample-every", type=float, default=5.0)

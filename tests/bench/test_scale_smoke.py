@@ -15,7 +15,7 @@ def test_growth_run_reports_a_row_per_size(capsys):
     assert scale.main(["--growth", "3,6", "--mib", "4", "--interval", "4", "--warmup", "10",
                        "--growth-duration", "12", "--duration", "12", "--sample-every", "2",
                        "--failovers", "0", "--creates-under-load", "2", "--pool-size", "1G",
-                       "--page", "2", "--json"]) == 0
+                       "--page", "2", "--listing-gap", "1", "--json"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     out = json.loads(lines[-1])
     assert [st["volumes"] for st in out["stages"]] == [3, 6]
@@ -26,7 +26,8 @@ def test_growth_run_reports_a_row_per_size(capsys):
         assert st["drift_s"]["n"] > 0 and st["drift_s"]["p50"] >= 0
         assert st["status_all"]["rows"] == n                      # every enabled unit, once
         assert st["status_all"]["pages"] >= n // 2                # pages of two
-        assert st["metrics_scrape"]["bytes"] > 0 and st["metrics_scrape"]["s"] > 0
+        assert st["metrics_scrape"]["bytes"] > 0 and st["metrics_scrape"]["s"] > 0 and st["metrics_scrape"]["first_s"] > 0
+        assert st["status_all"]["first_s"] > 0
         assert st["redis_a_memory_bytes"] > 0 and st["redis_a_keys"] > 0
         assert st["create_under_load_ms"]["n"] == 2
         assert st["cpu_s_per_sync"]["scheduler"] is not None and st["cpu_s_per_sync"]["worker"] > 0
