@@ -24,7 +24,6 @@ from ..common.blockmap import check_block_size, hash_image
 from ..common.unit_state import find_state, get_state
 from ..wire import frames
 from ..wire.frames import T_CONTROL, FrameReader
-from . import stripe_join
 from .journal import Journal
 from .replica import UnitLock, recover, settle, status_of
 from .transaction import Replies, Transaction, parse_tx
@@ -132,24 +131,6 @@ def release(layout: PoolLayout, reader: FrameReader, out: Replies, args: list[st
     shutil.rmtree(layout.unit_dir(unit_id), ignore_errors=True)
     out.control({"type": "released", "unit": unit_id, "existed": st is not None,
                  "removed_images": removed})
-
-
-def stripe(layout: PoolLayout, reader: FrameReader, out: Replies, args: list[str]) -> None:
-    """``stripe TOKEN INDEX``: hand this channel's stream to the receiver of transaction TOKEN,
-    wait until it read the stripe's end, and say so (``stripe-done``). The channel then
-    serves the next request, as after any other."""
-    try:
-        index = int(args[1])
-    except ValueError:
-        raise ProtocolError(reason="a stripe index is a number") from None
-    source = reader.source
-    if source is None or index < 0:
-        raise ProtocolError(reason="this receiver cannot hand its stream on")
-    fd_out = getattr(out, "fd", 1) if getattr(out, "sock", None) is None else out.sock.fileno()
-    word = stripe_join.attach(args[0], index, (source.fd, fd_out), source.take_ahead())
-    if word.get("error"):
-        frames.raise_error(word["error"])
-    out.control({"type": "stripe-done", "index": index, "records": int(word.get("records", 0))})
 
 
 def apply(layout: PoolLayout, reader: FrameReader, out: Replies, args: list[str]) -> None:
