@@ -41,7 +41,8 @@ from ..common.replica_maps import ReplicaMaps
 from ..common.unit_state import get_state
 from ..receiver.replica import UnitLock, recover
 from ..sender.receiver_client import read_maps, reader_for
-from .scrub_plan import NAMED, WINDOW_BYTES, Findings, ReadPacer, compare_window, plan_windows
+from ..common.read_pacer import ReadPacer
+from .scrub_plan import NAMED, WINDOW_BYTES, Findings, compare_window, plan_windows
 from .scrub_points import PointsCheck
 
 log = logging.getLogger(__name__)
@@ -140,7 +141,9 @@ class Scrub:
     def _primary_maps(self, st) -> dict:
         peer = self.open_peer()
         try:
-            chan = peer.open("snaphashes", self.unit_id, str(st.generation))
+            # the verify's read cap holds at the primary too (its snapshot's reads)
+            rate = [str(int(self.pacer.rate))] if self.pacer.rate > 0 else []
+            chan = peer.open("snaphashes", self.unit_id, str(st.generation), *rate)
             try:
                 chan.close_write()
                 return read_maps(reader_for(peer, chan), self.tmp, st.block_size)

@@ -10,7 +10,8 @@ import pytest
 from drsvc.config import parse
 from drsvc.errors import ConfigInvalid, InvalidParameter
 from drsvc.replication.common.blockmap import DIGEST, ZERO, block_count, digest_blocks, hash_image, hash_range
-from drsvc.replication.control.scrub_plan import Findings, ReadPacer, compare_window, plan_windows
+from drsvc.replication.common.read_pacer import ReadPacer
+from drsvc.replication.control.scrub_plan import Findings, compare_window, plan_windows
 from drsvc.replication.control.verify_record import judge
 from drsvc.schedule import parse_verify_interval
 

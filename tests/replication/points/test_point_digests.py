@@ -10,7 +10,7 @@ import contextlib
 import os
 from types import SimpleNamespace
 
-from drsvc.replication.control.scrub_plan import ReadPacer
+from drsvc.replication.common.read_pacer import ReadPacer
 from drsvc.replication.control.scrub_points import PointsCheck
 from drsvc.replication.points import undo_log
 from drsvc.replication.points.index import UNDO, member_data, read_meta, undo_map
