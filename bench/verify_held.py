@@ -12,7 +12,7 @@ from pathlib import Path
 
 from drsvc.replication.common import find_state
 from drsvc.replication.control import find_control
-from drsvc_cli.client import DrClient
+from drsvc_cli.client import DrClient, RpcFailed
 from drsvc_lab import Lab
 
 MiB = 1 << 20
@@ -77,8 +77,11 @@ def _phase(watch: Watch, phase: str, seconds: float) -> None:
 
 def _verifies(b: DrClient, vid: str, stop: threading.Event, out: list) -> None:
     while not stop.is_set():
-        r = b.verify(volume_id=vid, wait=600)
-        out.append(r)
+        try:
+            out.append(b.verify(volume_id=vid, wait=600))
+        except RpcFailed as e:                # reported beside the figures, never hidden
+            out.append({"result": f"error ({e.code.name}: {e.message[:120]})", "bytes_read": 0,
+                        "duration_seconds": 0})
 
 
 def held(args) -> int:

@@ -127,7 +127,9 @@ class Scrub:
                 self.st0, self.recorded = st, self.maps.recorded_for(st)
                 if self.recorded:
                     for vol in st.members:
-                        copy_map(self.maps.path(vol), self.tmp / f"{vol}.start.map")
+                        start = self.tmp / f"{vol}.start.map"
+                        start.unlink(missing_ok=True)       # a second attempt: the first one's copy
+                        copy_map(self.maps.path(vol), start)
             try:
                 self.primary = self._primary_maps(st)
                 return

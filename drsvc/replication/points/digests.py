@@ -230,6 +230,7 @@ def record_sealed(layout: PoolLayout, unit_id: str, generation: int, volume_id: 
         dst.unlink(missing_ok=True)
         return False
     tmp = dst.with_name("." + dst.name)
+    tmp.unlink(missing_ok=True)          # a seal cut short before
     maps.copy_to(volume_id, tmp)
     os.replace(tmp, dst)
     return True
