@@ -28,9 +28,17 @@ class Watch:
     def __init__(self, pool: Path, vid: str):
         self.pool, self.vid = pool, vid
         self.seen: dict[int, dict] = {}
+        self.failures: dict[str, int] = {}      # phase -> failed syncs counted in it
+        self.errors: dict[str, set] = {}        # phase -> the failures' messages
+        self._failed = None
 
     def poll(self, phase: str) -> None:
         st, c = find_state(self.pool, self.vid), find_control(self.pool, self.vid)
+        if c is not None:
+            if self._failed is not None and c.failures_total > self._failed:
+                self.failures[phase] = self.failures.get(phase, 0) + c.failures_total - self._failed
+                self.errors.setdefault(phase, set()).add(c.last_error[:160])
+            self._failed = c.failures_total
         reports = st.reports if st else []
         newest = max((int(r.get("target_generation") or 0) for r in reports), default=0)
         for r in reports:
@@ -44,7 +52,10 @@ class Watch:
     def figures(self, phase: str) -> dict:
         rows = sorted((v for v in self.seen.values() if v["phase"] == phase), key=lambda v: v["start"])
         gaps = [b["start"] - a["start"] for a, b in zip(rows, rows[1:], strict=False)]
+        every = gaps and statistics.median(gaps)
         return {"syncs": len(rows), "interval_s": _median(gaps), "interval_max_s": round(max(gaps), 3) if gaps else 0,
+                "late": sum(1 for g in gaps if g > 1.5 * every), "failed": self.failures.get(phase, 0),
+                "errors": sorted(self.errors.get(phase, ())),
                 "delay_s": _median([r["delay"] for r in rows if r["delay"] is not None]), "duration_s": _median([r["took"] for r in rows])}
 
 
@@ -136,8 +147,10 @@ def _report(watch: Watch, runs: list, plain_s: float, verify_s: float, args) -> 
           f"({len(done)} verifies: {', '.join(r['result'] for r in done)}; "
           f"read median {_median(rates)} MiB/s against a cap of {args.cap})")
     for label, f in (("without a verify", p), ("while verifying", v)):
-        print(f"{label:17s}: {f['syncs']} syncs, interval median {f['interval_s']}s (max {f['interval_max_s']}s) "
-              f"of {args.interval}s, schedule delay median {f['delay_s']}s, sync duration median {f['duration_s']}s")
+        print(f"{label:17s}: {f['syncs']} syncs, interval median {f['interval_s']}s (max {f['interval_max_s']}s, "
+              f"{f['late']} gaps over 1.5x) of {args.interval}s, schedule delay median {f['delay_s']}s, sync "
+              f"duration median {f['duration_s']}s, {f['failed']} failed" +
+              "".join(f"\n    failure: {e}" for e in f["errors"]))
     if p["interval_s"] == p["interval_s"] and v["interval_s"] == v["interval_s"]:
         print(f"interval held while verifying: {v['interval_s'] / p['interval_s']:.2f}x the interval without "
               f"({v['interval_s'] / args.interval:.2f}x the configured one)")
