@@ -14,7 +14,8 @@ command; the verb comes from SSH_ORIGINAL_COMMAND (or argv for local use):
                                     stream is handed to the transaction's receiver
                                     (``stripe_join``) until the stripe's end
     hashes UNIT BLOCK_SIZE VOL...   block hash maps of replica images
-    snaphashes UNIT GENERATION      block hash maps of the acked snapshot (drsvc.replication.control.consistency)
+    snaphashes UNIT GENERATION [RATE]  block hash maps of the acked snapshot (control.consistency,
+                                       control.scrub: RATE caps its reads, bytes per second)
     release UNIT [keep-image|delete-image]
 
 Anything else is refused (``UnknownVerb``): ``VERBS`` is the one table of verb,
@@ -157,7 +158,7 @@ VERBS: dict[str, Verb] = {
     "apply": Verb("verbs:apply", 0, 0),
     "stripe": Verb("stripe_join:stripe", 2, 2),
     "hashes": Verb("verbs:hashes", 2, 4096),
-    "snaphashes": Verb("verbs:snapshot_hashes", 2, 2),
+    "snaphashes": Verb("verbs:snapshot_hashes", 2, 3),
     "release": Verb("verbs:release", 1, 2),
 }
 
