@@ -9,6 +9,16 @@ verify's rate as a fraction of the floor's. Run on the pool's filesystem (``--di
 figure that means something; the machine is shared, so say so beside any figure.
 
     python -m bench.verify --dir /srv/pool --size 1G --rounds 3
+
+``--held`` measures instead the sync interval a unit holds while its replica is verified: a
+two-site lab (drsvc_lab: loop XFS pools, redis, sshd, the real scheduler and workers), one
+volume of random data replicating every ``--interval`` seconds while a writer changes a few
+blocks, and site b's ``verify_read_rate`` set to ``--cap``. The same unit's syncs are timed
+for ``--window`` seconds without a verify, then while capped verifies of it run back to back
+for as long, and the medians of both are printed side by side: the interval between sync
+starts, the schedule delay (how late each started after its slot) and the sync's duration.
+
+    python -m bench.verify --held --interval 2 --mib 256 --cap 24MiB/s --window 40
 """
 from __future__ import annotations
 
@@ -68,7 +78,15 @@ def main(argv=None) -> int:
     ap.add_argument("--dir", default=None, help="where the image goes (the pool's filesystem)")
     ap.add_argument("--size", default="1G", help="image size: 512M, 1G, ...")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--held", action="store_true", help="the sync interval held while verifying (a lab)")
+    ap.add_argument("--interval", type=int, default=2, help="--held: the unit's sync interval, seconds")
+    ap.add_argument("--mib", type=int, default=256, help="--held: the volume's size (all of it data), MiB")
+    ap.add_argument("--cap", default="24MiB/s", help="--held: site b's verify_read_rate")
+    ap.add_argument("--window", type=float, default=40, help="--held: seconds measured per phase")
     args = ap.parse_args(argv)
+    if args.held:
+        from bench.verify_held import held
+        return held(args)
     size = int(args.size[:-1]) << {"M": 20, "G": 30}[args.size[-1]] if args.size[-1] in "MG" else int(args.size)
     gib = size / (1 << 30)
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="bench-verify-") as d:

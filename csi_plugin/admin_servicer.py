@@ -29,7 +29,7 @@ def status_message(info, unit_id: str, kind: str, members, pool=None, live: dict
         changed_bytes_total=info.changed_bytes_total, verify_interval_seconds=info.verify_interval,
         last_verify_time=info.last_verify_time, verify_failed=info.verify_failed,
         verify_mismatched_blocks=info.verify_mismatched_blocks, verify_generation=info.verify_generation,
-        verify_message=info.verify_message)
+        verify_message=info.verify_message, verify_damaged_points=info.verify_damaged_points)
 
 
 def verify_response(out: dict) -> admin_pb2.VerifyResponse:
@@ -41,10 +41,15 @@ def verify_response(out: dict) -> admin_pb2.VerifyResponse:
         mismatched_blocks=out["mismatched_blocks"], repair_requested=out.get("repair_requested", False),
         mismatches=[admin_pb2.Mismatch(volume_id=m["volume"], offset=m["offset"], length=m["length"],
                                        against=m["against"], generation=m["generation"],
-                                       reason=m.get("reason", "")) for m in out["mismatches"]],
+                                       reason=m.get("reason", ""), point=m.get("point", 0),
+                                       file_offset=m.get("file_offset", 0), data=m.get("data", ""))
+                    for m in out["mismatches"]],
         bytes_read=out["bytes_read"], duration_seconds=out["duration_s"],
         checked_recorded=out["checked"]["recorded"], checked_primary=out["checked"]["primary"],
-        rewritten_blocks=out["skipped_blocks"], notes=out["notes"])
+        rewritten_blocks=out["skipped_blocks"], notes=out["notes"],
+        damaged_points=(out.get("points") or {}).get("damaged_points", []),
+        unverifiable_points=sorted({u["point"] for u in (out.get("points") or {}).get("unverifiable", [])}),
+        point_bad_blocks=(out.get("points") or {}).get("bad_blocks", 0))
 
 
 def live_status(pool, unit_id: str, info=None, *, runs: dict | None = None, progress: str | None = None) -> dict:

@@ -260,6 +260,12 @@ class ReplicaKnownBad(PreconditionFailed):
                 "(`drsvc verify --repair`), or promote with force to take it as it is")
 
 
+class PointKnownBad(PreconditionFailed):
+    template = ("recovery point {generation} of {unit_id} is built through point {damaged}, which failed its "
+                "verify ({detail}); it cannot be repaired from the primary: choose another point, or "
+                "promote with force to take it as it is")
+
+
 class PeerNotDemoted(PreconditionFailed):
     template = "the peer has not demoted {unit_id} at this site's generation {generation}"
 

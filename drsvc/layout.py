@@ -231,6 +231,14 @@ class PoolLayout:
     def point_image(self, unit_id: str, generation: int, volume_id: str) -> Path:
         return self.point_dir(unit_id, generation) / f"{check_id(volume_id, 'volume_id')}.img"
 
+    def point_undo_sums(self, unit_id: str, generation: int, volume_id: str) -> Path:
+        """The digests of an undo log's 4 KiB blocks, recorded as it is written."""
+        return self.point_dir(unit_id, generation) / f"{check_id(volume_id, 'volume_id')}.undo.sums"
+
+    def point_image_map(self, unit_id: str, generation: int, volume_id: str) -> Path:
+        """The block map of a point's whole image (its digests as sealed)."""
+        return self.point_dir(unit_id, generation) / f"{check_id(volume_id, 'volume_id')}.img.map"
+
     def restore_staging(self, volume_id: str) -> Path:
         """Where a volume's image is built from a recovery point before it replaces the image."""
         return self.images / f".{check_id(volume_id, 'volume_id')}.img.restore"

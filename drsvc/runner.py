@@ -6,6 +6,7 @@ raise :class:`~drsvc.errors.CommandFailed` with the tail of stderr.
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 from dataclasses import dataclass
 
@@ -49,3 +50,22 @@ def spawn(argv, *, env=None, stdin=None, stdout=None, stderr=None, cwd=None) -> 
     log.debug("spawn %s", argv)
     return subprocess.Popen(argv, env=env, stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd,
                             close_fds=True, start_new_session=True)
+
+
+def module_without_site(module: str, *args) -> tuple[list[str], str]:
+    """argv running *module* of this tree in this interpreter with ``site`` off (``-S``), and
+    the PYTHONPATH that finds what it imports: this tree first, then the directories ``site``
+    would add, without running their ``.pth`` hooks. For the receiver, which starts once per
+    channel: ``site`` with an editable install's finder and a CA bundle's hook is half of an
+    interpreter's start."""
+    import site
+    import sys
+    from pathlib import Path
+
+    tree = str(Path(__file__).resolve().parents[1])
+    dirs = [tree, *site.getsitepackages()]
+    if site.ENABLE_USER_SITE and os.path.isdir(site.getusersitepackages()):
+        dirs.append(site.getusersitepackages())
+    dirs += [d for d in os.environ.get("PYTHONPATH", "").split(os.pathsep) if d]
+    unique = list(dict.fromkeys(dirs))
+    return [sys.executable, "-S", "-m", module, *map(str, args)], os.pathsep.join(unique)

@@ -41,7 +41,8 @@ def _status(s) -> dict:
             "changed_bytes_total": s.changed_bytes_total,
             "verify": ({"interval_seconds": s.verify_interval_seconds, "last_time": s.last_verify_time or None,
                         "failed": s.verify_failed, "mismatched_blocks": s.verify_mismatched_blocks,
-                        "generation": s.verify_generation, "message": s.verify_message}
+                        "generation": s.verify_generation, "message": s.verify_message,
+                        "damaged_points": s.verify_damaged_points}
                        if s.role == "secondary" else None),
             "progress": ({"bytes_sent": s.progress_bytes_sent, "bytes_planned": s.progress_bytes_planned,
                           "rate_bps": round(s.progress_rate, 1)} if s.progress_bytes_planned or
@@ -190,8 +191,12 @@ class DrClient:
         return {"result": r.result, "generation": r.generation, "end_generation": r.end_generation,
                 "mismatched_blocks": r.mismatched_blocks, "repair_requested": r.repair_requested,
                 "mismatches": [{"volume_id": m.volume_id, "offset": m.offset, "length": m.length,
-                                "against": m.against, "generation": m.generation, "reason": m.reason}
+                                "against": m.against, "generation": m.generation, "reason": m.reason,
+                                **({"point": m.point, "file_offset": m.file_offset, "data": m.data}
+                                   if m.against == "point" else {})}
                                for m in r.mismatches],
+                "damaged_points": list(r.damaged_points), "unverifiable_points": list(r.unverifiable_points),
+                "point_bad_blocks": r.point_bad_blocks,
                 "bytes_read": r.bytes_read, "duration_seconds": round(r.duration_seconds, 3),
                 "checked": {"recorded": r.checked_recorded, "primary": r.checked_primary},
                 "rewritten_blocks": r.rewritten_blocks, "notes": list(r.notes), "skipped": r.skipped}

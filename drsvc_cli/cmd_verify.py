@@ -1,6 +1,7 @@
 """`drsvc verify`: read the replica held at this site and check its blocks (a scrub).
 
-Exit codes: 0 clean; 1 mismatches found (``--repair`` asks the primary to re-send them);
+Exit codes: 0 clean; 1 mismatches found (``--repair`` asks the primary to re-send the
+replica's; a recovery point's damage cannot be repaired, only reported);
 3 incomplete (the unit changed under the verify, or nothing could be compared: run it again);
 the usual codes otherwise (4 at a primary: verify where the copy is held).
 """
@@ -20,10 +21,16 @@ def summary(site: str, name: str, r: dict) -> str:
                                            ("the primary's snapshot", r["checked"]["primary"])) if on) or "nothing"
     head = (f"site {site}: verify of {name} at generation {r['generation']}: {r['result']}, "
             f"{H.size(r['bytes_read'])} read in {H.duration(r['duration_seconds'])}, against {against}")
-    if r["result"] == "mismatch":
+    if r["mismatched_blocks"]:
         head += (f"; {r['mismatched_blocks']} block(s) differ; "
                  + ("repair asked for: the primary's next sync re-sends them" if r["repair_requested"]
                     else "`drsvc verify --repair` re-sends them from the primary"))
+    if r.get("damaged_points"):
+        head += (f"; recovery point(s) {', '.join(map(str, r['damaged_points']))} damaged "
+                 f"({r['point_bad_blocks']} block(s)): the primary keeps no older generations, so they cannot "
+                 "be repaired; a promote to them is refused unless forced")
+    if r.get("unverifiable_points"):
+        head += f"; point(s) {', '.join(map(str, r['unverifiable_points']))} unverifiable (no digests)"
     return head + "".join(f"\n  note: {n}" for n in r["notes"])
 
 
@@ -41,7 +48,8 @@ def cmd_verify(args, out):
                            summary(site, changes.name(unit), r))
     out.console.print(summary(site, changes.name(unit), r), soft_wrap=True, markup=False)
     if r["mismatches"]:
-        out.table(r["mismatches"], ["volume_id", "offset", "length", "against", "generation"],
+        out.table([{"point": "-", **m} for m in r["mismatches"]],
+                  ["volume_id", "offset", "length", "against", "generation", "point"],
                   title="the first mismatched ranges (offset and length in bytes)")
     return code
 

@@ -20,7 +20,10 @@ def _verified(r, now) -> str:
         return "-"
     every = f"every {H.duration(v['interval_seconds'])}" if v["interval_seconds"] else "not scheduled"
     last = H.instant(v["last_time"], now) if v["last_time"] else "never"
-    bad = f"; FAILED: {v['mismatched_blocks']} block(s) of generation {v['generation']} differ" if v["failed"] else ""
+    bad = f"; FAILED: {v['mismatched_blocks']} block(s) of generation {v['generation']} differ" \
+        if v["failed"] and v["mismatched_blocks"] else ""
+    if v.get("damaged_points"):
+        bad += f"; FAILED: {v['damaged_points']} recovery point(s) damaged"
     return f"last {last} ({every}){bad}"
 
 

@@ -7,7 +7,6 @@ import contextlib
 import os
 import shlex
 import shutil
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,6 @@ from .procs import children, kill, stop
 SSHD = "/usr/sbin/sshd"
 # bash reads root's ~/.bashrc for sshd-run commands only at shell level 1 (~0.15 s a
 # channel); a production receiver account should simply have /bin/sh as its shell
-TREE = Path(__file__).resolve().parents[1]
 LEAN_SHELL = 'environment="SHLVL=1"'
 CIPHERS = "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,aes128-ctr"
 
@@ -35,12 +33,13 @@ def keygen(path: Path, comment: str | None = None) -> str:
 def receiver_command(pool: Path, env: dict | None = None) -> str:
     """The forced command: one exec of the interpreter (sshd runs it through the user's
     shell), with *env* set for the receiver (sshd passes no client environment)."""
-    argv = [sys.executable, "-m", "drsvc.replication.receiver", "--pool", str(pool)]
-    # sshd starts the receiver in the account's home with a clean environment: without this, a
-    # lab run from a second checkout would run the installed checkout's receiver
-    env = {"PYTHONPATH": str(TREE), **(env or {})}
-    if env:
-        argv = ["env", *(f"{k}={v}" for k, v in env.items()), *argv]
+    # sshd starts the receiver in the account's home with a clean environment: the path names
+    # this tree, or a lab run from a second checkout would run the installed checkout's receiver
+    argv, pythonpath = runner.module_without_site("drsvc.replication.receiver", "--pool", pool)
+    env = dict(env or {})
+    # a PYTHONPATH of the caller's (another release's tree) comes first
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), pythonpath) if p)
+    argv = ["env", *(f"{k}={v}" for k, v in env.items()), *argv]
     return "exec " + shlex.join(argv)
 
 

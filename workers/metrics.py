@@ -46,9 +46,12 @@ GAUGES = {
     "schedule_delay_seconds": ("Primary: how late the last scheduled sync started after its slot "
                                "(scheduler drift plus queueing)", lambda i: i.schedule_delay),
     "verify_failed": ("Secondary only: 1 while a verify of the replica found blocks that differ and they are "
-                      "not repaired", lambda i: (1.0 if i.verify_failed else 0.0) if i.role == "secondary" else None),
+                      "not repaired, or found a recovery point damaged", lambda i: (1.0 if i.verify_failed else 0.0) if i.role == "secondary" else None),
     "verify_mismatched_blocks": ("Secondary only: blocks the last failed verify found different (0: none "
                                  "known)", lambda i: i.verify_mismatched_blocks if i.role == "secondary" else None),
+    "verify_damaged_points": ("Secondary only: recovery points the last verify found differing from their "
+                              "recorded digests (they cannot be repaired from the primary)",
+                              lambda i: i.verify_damaged_points if i.role == "secondary" else None),
     "last_verify_timestamp_seconds": ("Secondary only: end of the last complete verify of the replica (never "
                                       "verified: its first receive; unix time)",
                                       lambda i: i.last_verify_time if i.role == "secondary" else None),

@@ -144,10 +144,10 @@ def start_writeback(fd: int) -> None:
 
 def _load_sync_file_range():
     import ctypes
-    import ctypes.util
+
+    from .libc import libc
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        f = libc.sync_file_range
+        f = libc().sync_file_range
     except (OSError, AttributeError):
         return False
     f.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from drsvc import runner
+from drsvc import runner, store
 from drsvc.layout import PoolLayout
 from drsvc_lab import Lab
 
@@ -357,6 +357,9 @@ def run_demo(*, keep: bool = False, as_json: bool = False, root: str | None = No
         if not keep:
             demo.lab.teardown()
     summary = demo.summary(ok, time.monotonic() - t_start, keep)
+    if keep:    # beside the kept sites, for scripts that read what the human output showed
+        store.atomic_write_bytes(work / "demo.json", json.dumps(summary, sort_keys=True, default=str).encode(),
+                                 durable=False)
     if as_json:
         print(json.dumps(summary, sort_keys=True, default=str))
     else:

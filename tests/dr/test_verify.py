@@ -8,8 +8,9 @@ metric's inputs say so and a promote without force is refused; the repair re-sen
 block, and the copy is then byte-equal to the primary's snapshot. A verify beside a
 scheduled sync of a unit being written loses nothing, and both finish.
 
-Not covered: the undo logs of recovery points carry no block digests today, so a flipped
-byte in a point's undo data is not found by a verify (docs/design/control.md says so)."""
+A byte flipped in a kept recovery point's undo log at b is found too, by `drsvc verify` and
+by a scheduled verify, named by point, volume offset and log offset; the status says the
+point cannot be repaired from the primary, and a promote to it is refused unless forced."""
 from __future__ import annotations
 
 import io
@@ -22,6 +23,7 @@ import grpc
 import pytest
 
 from drsvc.layout import PoolLayout
+from drsvc.replication.points.index import read_meta, undo_map
 from drsvc.replication.common.unit_state import find_state
 from drsvc_cli.client import DrClient, RpcFailed
 from drsvc_cli.main import main as cli
@@ -211,6 +213,73 @@ def test_a_replica_is_verified_on_its_class_schedule(lab):
         assert v["mismatched_blocks"] == 1 and f"{vid}@{off - off % BS}" in v["message"], v
         st = b.status(volume_id=vid)
         assert st["status"] == "VERIFY_FAILED", st
+    finally:
+        a.close()
+        b.close()
+
+
+def _undo_row(site, vid: str, generation: int):
+    """A row of the point's undo map that holds data: (volume offset, length, log position)."""
+    m = undo_map(read_meta(PoolLayout(site.pool), vid, generation), vid)
+    rows = m[m[:, 2] >= 0]
+    assert len(rows), f"point {generation} keeps no data"
+    return tuple(int(x) for x in rows[len(rows) // 2])
+
+
+def test_a_flipped_byte_in_a_points_undo_log_is_found_and_a_promote_to_it_refused(lab):
+    """The unit verifies itself every 3 s at b; three generations make two points with undo
+    logs. One byte flipped in the older point's undo log: the scheduled verify finds it, so
+    does `drsvc verify`, naming the point, the volume offset and the log offset; the status is
+    VERIFY_FAILED and says the point cannot be repaired from the primary; a promote to it (or
+    to an older point, built through it) is refused, a forced one goes through."""
+    a, b = _clients(lab)
+    sa, sb = lab.sites["a"], lab.sites["b"]
+    try:
+        vid = _replicated(lab, a, "verify-point", 32 << 20, params={"drsvc.io/verifyInterval": "3s"})
+        for i in range(2):
+            write_random(sa, vid, count=24, seed=f"pt{i}")
+            a.until_done(lambda: a.sync_now(volume_id=vid, wait=60), wait=90)
+        g = generation(sb, vid)
+        bad_point = g - 1
+        clean = b.verify(volume_id=vid, wait=120)
+        assert clean["result"] == "clean" and not clean["damaged_points"] and not clean["unverifiable_points"], clean
+        off, length, pos = _undo_row(sb, vid, bad_point)
+        at = pos + min(length - 1, 4096 + 33)
+        log = PoolLayout(sb.pool).point_undo(vid, bad_point, vid)
+        with open(log, "r+b") as f:
+            f.seek(at)
+            byte = f.read(1)
+            f.seek(at)
+            f.write(bytes([byte[0] ^ 0x5A]))
+        block = at - at % 4096
+        expect = off + max(0, block - pos)
+
+        v = wait_for(lambda: (v := b.status(volume_id=vid)["verify"])["failed"] and v, 60,
+                     what="a scheduled verify to find the flipped byte in the point")
+        assert v["damaged_points"] == 1 and v["mismatched_blocks"] == 0, v
+        assert f"recovery point(s) {bad_point} damaged" in v["message"] and "cannot be repaired" in v["message"], v
+        assert f"point {bad_point} {vid}@{expect}" in v["message"], v
+        assert b.status(volume_id=vid)["status"] == "VERIFY_FAILED"
+
+        code, doc = _cli_json("verify", "--endpoint", sb.endpoint, "--volume", vid, "--json")
+        assert code == 1 and doc["error"]["code"] == "VERIFY_FAILED", doc
+        r = doc["result"]
+        assert r["mismatched_blocks"] == 0 and r["damaged_points"] == [bad_point] and r["point_bad_blocks"] == 1, r
+        [m] = [m for m in r["mismatches"] if m["against"] == "point"]
+        assert (m["point"], m["volume_id"], m["offset"], m["file_offset"], m["data"]) == \
+            (bad_point, vid, expect, block, "undo"), m
+        assert "cannot be repaired" in doc["error"]["message"], doc
+
+        for target in (bad_point, bad_point - 1):
+            with pytest.raises(RpcFailed) as e:
+                b.until_done(lambda t=target: b.replication("PromoteVolume", volume_id=vid, force=False,
+                                                            parameters={"drsvc.io/recoveryPoint": str(t)}), wait=60)
+            assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION, e.value
+            assert f"built through point {bad_point}" in e.value.message, e.value.message
+        assert find_state(sb.pool, vid).role == "secondary"
+        b.until_done(lambda: b.replication("PromoteVolume", volume_id=vid, force=True,
+                                           parameters={"drsvc.io/recoveryPoint": str(bad_point)}), wait=120)
+        assert find_state(sb.pool, vid).role == "primary"
     finally:
         a.close()
         b.close()

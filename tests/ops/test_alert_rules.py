@@ -175,6 +175,15 @@ def test_a_failed_verify_fires_at_once_and_clears_when_the_repair_commits(tmp_pa
           ("4m15s", "DrsvcVerifyFailed", [])])
 
 
+def test_a_damaged_recovery_point_fires_at_once_and_clears_when_a_verify_finds_none(tmp_path):
+    b = {"site": "b", "peer": "a"}
+    _run(tmp_path, [_series("drsvc_replication_verify_damaged_points", "0x4 1x10 0x5", **b)],
+         [("45s", "DrsvcRecoveryPointDamaged", []),
+          ("1m15s", "DrsvcRecoveryPointDamaged", [({**VOL, **b, "severity": "warning"},
+                                                    "1 recovery point(s) of vol-1 at b are damaged")]),
+          ("4m15s", "DrsvcRecoveryPointDamaged", [])])
+
+
 def test_an_overdue_verify_fires_past_one_and_a_half_intervals_and_clears_on_the_next_verify(tmp_path):
     # a 10 min verify interval: overdue past 15 min without a complete verify, for 10 min;
     # the verify that ends at 30 min clears it

@@ -7,6 +7,7 @@
 - ``unit_state``: the unit's state document (state.json) and its role changes, on both sites;
 - ``replica_maps``: the block maps of a replica, seeded by the sender when it adopts a base
   and kept by the receiver as transactions apply, so a promote reads no data;
+- ``read_pacer``: a read rate cap (a verify's reads, and the primary's for it);
 - ``exports``: how each room's ``__init__`` names its public surface without importing it.
 
 Imports nothing of the engine (only drsvc's core: errors, store, layout, host).

@@ -9,7 +9,6 @@ thin image is itself sparse, and maps are read and written by slot range
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import struct
@@ -19,6 +18,7 @@ from pathlib import Path
 import xxhash
 
 from ...errors import CorruptMetadata
+from ...host.libc import libc
 from ...host.reflink import clone_file, data_ranges
 
 DIGEST = 16
@@ -91,7 +91,7 @@ def punch_hole(fd: int, offset: int, length: int) -> None:
     if length <= 0:
         return
     if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        _libc = libc()
         _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
     if _libc.fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length) == 0:
         return

@@ -23,6 +23,7 @@ from ...errors import (
     OperationInProgress,
     PeerNotDemoted,
     PeerNotRecorded,
+    PointKnownBad,
     ReplicaKnownBad,
     SplitBrain,
 )
@@ -34,7 +35,7 @@ from ..common import unit_state
 from ..common.replica_maps import ReplicaMaps
 from . import shipped_snapshots
 from .health import final_sync
-from .verify_record import VerifyRecord
+from .verify_record import VerifyRecord, failure_message, point_known_bad
 from .relationship import (
     Control,
     control_from_origin,
@@ -300,8 +301,13 @@ class ReplicationJobs:
             return {"role": "primary", "epoch": st.epoch}
         if not force:
             # a replica known bad first: it is the reason a planned promote would be wrong too
-            if (v := VerifyRecord.find(self.pool, unit_id).judge(st))["failed"]:
-                raise ReplicaKnownBad(unit_id=unit_id, detail=v["message"].removeprefix("VERIFY_FAILED: "))
+            v = VerifyRecord.find(self.pool, unit_id).judge(st)
+            if v["replica_failed"]:
+                raise ReplicaKnownBad(unit_id=unit_id, detail=failure_message(v))
+            if point is not None and (bad := point_known_bad(v, point)) is not None:
+                where = ", ".join(f"{m['volume']}@{m['offset']}" for m in v["damaged_first"] if m["point"] == bad)
+                raise PointKnownBad(unit_id=unit_id, generation=point, damaged=bad,
+                                    detail=f"damaged at {where}" if where else "damaged")
             if st.peer_demoted_at is None or st.peer_demoted_at != st.generation:
                 raise PeerNotDemoted(
                     f"the peer has not demoted {unit_id} at this site's generation {st.generation}"
@@ -375,7 +381,10 @@ class ReplicationJobs:
         record = VerifyRecord.find(self.pool, unit_id)
         record.add(run)
         repair = repair or (trigger == "schedule" and self.cfg.verify_repair)
-        if run["result"] == "mismatch":
+        if (run["points"] or {}).get("damaged_points"):
+            log.warning("verify of %s: recovery point(s) %s damaged (first %s); they cannot be repaired from "
+                        "the primary", unit_id, run["points"]["damaged_points"], run["points"]["damaged"][:3])
+        if run["mismatched_blocks"]:
             log.warning("verify of %s: %d block(s) of generation %d differ (first %s)", unit_id,
                         run["mismatched_blocks"], run["generation"], run["mismatches"][:3])
             if repair:
@@ -385,7 +394,7 @@ class ReplicationJobs:
         else:
             log.info("verify of %s at generation %d: %s, %d bytes read in %.1fs", unit_id, run["generation"],
                      run["result"], run["bytes_read"], run["duration_s"])
-        return {**run, "repair_requested": bool(repair and run["result"] == "mismatch")}
+        return {**run, "repair_requested": bool(repair and run["mismatched_blocks"])}
 
     def run_disable(self, unit_id: str) -> dict:
         from ..sender.base_store import release_unit

@@ -56,6 +56,7 @@ class Info:
     verify_mismatched_blocks: int = 0  # ...how many blocks differ
     verify_generation: int = 0         # ...the generation they were found at
     verify_message: str = ""
+    verify_damaged_points: int = 0     # ...recovery points the last verify found damaged
 
 
 @dataclass(frozen=True)
@@ -200,7 +201,8 @@ class ReplicationStatus:
         return {"verify_interval": verify_interval_of(c, self.verify_interval),
                 "last_verify_time": v["last_verify_at"] or float(getattr(st, "receiving_since", 0.0) or 0.0),
                 "verify_failed": v["failed"], "verify_mismatched_blocks": v["mismatched_blocks"],
-                "verify_generation": v["generation"], "verify_message": v["message"]}
+                "verify_generation": v["generation"], "verify_message": v["message"],
+                "verify_damaged_points": len(v["damaged_points"])}
 
     def units(self) -> list[str]:
         """Every unit here, in id order: the names of the units' directories, no record read

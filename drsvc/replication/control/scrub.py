@@ -15,7 +15,9 @@ let go before the next, so a sync waits at most one window. A sync that lands me
 moves the unit to a newer generation: the receiver's map then says which blocks it
 rewrote (their digests differ from the copy of the map taken at the start), and those
 blocks are checked against the new map only, not against the primary's older snapshot.
-Without a recorded map a moved generation ends the verify as incomplete. Reads go
+Without a recorded map a moved generation ends the verify as incomplete. Then the kept
+recovery points are checked against the digests recorded as their bytes were written
+(``scrub_points``). Reads go
 through a rate cap (``ReadPacer``, the site's ``verify_read_rate``), waited out with the
 lock let go.
 
@@ -39,7 +41,9 @@ from ..common.replica_maps import ReplicaMaps
 from ..common.unit_state import get_state
 from ..receiver.replica import UnitLock, recover
 from ..sender.receiver_client import read_maps, reader_for
-from .scrub_plan import NAMED, WINDOW_BYTES, Findings, ReadPacer, compare_window, plan_windows
+from ..common.read_pacer import ReadPacer
+from .scrub_plan import NAMED, WINDOW_BYTES, Findings, compare_window, plan_windows
+from .scrub_points import PointsCheck
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +73,7 @@ class Scrub:
         self.primary: dict | None = None
         self.windows = 0
         self.end_generation = 0
+        self.points: dict | None = None
 
     # -- the run -------------------------------------------------------------------------
     def run(self) -> dict:
@@ -80,6 +85,7 @@ class Scrub:
             self._begin()
             for vol in self.st0.members:
                 self._member(vol)
+            self.points = PointsCheck(self, self.window_bytes).run()
         except Stopped as e:
             complete = False
             self.notes.append(str(e))
@@ -88,15 +94,21 @@ class Scrub:
         return self._outcome(t0, complete)
 
     def _outcome(self, t0: float, complete: bool) -> dict:
-        f = self.found
-        result = "mismatch" if f.blocks else (
+        f, pts = self.found, self.points
+        replica = "mismatch" if f.blocks else (
             "clean" if complete and (self.recorded or self.primary is not None) else "incomplete")
-        if result == "incomplete" and complete:
+        if replica == "incomplete" and complete:
             self.notes.append("nothing to compare with: no recorded block map and the primary did not answer")
+        if pts and pts["unverifiable"]:
+            self.notes.append("unverifiable (no digests): " + ", ".join(
+                f"point {u['point']} of {u['volume']} ({u['bytes']} bytes)" for u in pts["unverifiable"][:NAMED]))
+        result = "mismatch" if pts and pts["damaged_points"] else replica
+        named = f.named[:NAMED] + (pts["damaged"] if pts else [])[:max(0, NAMED - len(f.named))]
         return {"unit_id": self.unit_id, "generation": self.st0.generation,
                 "end_generation": self.end_generation or self.st0.generation,
                 "started_at": t0, "finished_at": time.time(), "duration_s": round(time.time() - t0, 3),
-                "result": result, "complete": complete, "mismatched_blocks": f.blocks, "mismatches": f.named[:NAMED],
+                "result": result, "replica_result": replica, "complete": complete, "mismatched_blocks": f.blocks,
+                "mismatches": named, "points": pts,
                 "checked": {"recorded": self.recorded, "primary": self.primary is not None},
                 "skipped_blocks": f.skipped, "bytes_read": self.pacer.done, "windows": self.windows,
                 "read_rate": self.pacer.rate, "notes": self.notes}
@@ -115,7 +127,9 @@ class Scrub:
                 self.st0, self.recorded = st, self.maps.recorded_for(st)
                 if self.recorded:
                     for vol in st.members:
-                        copy_map(self.maps.path(vol), self.tmp / f"{vol}.start.map")
+                        start = self.tmp / f"{vol}.start.map"
+                        start.unlink(missing_ok=True)       # a second attempt: the first one's copy
+                        copy_map(self.maps.path(vol), start)
             try:
                 self.primary = self._primary_maps(st)
                 return
@@ -129,7 +143,9 @@ class Scrub:
     def _primary_maps(self, st) -> dict:
         peer = self.open_peer()
         try:
-            chan = peer.open("snaphashes", self.unit_id, str(st.generation))
+            # the verify's read cap holds at the primary too (its snapshot's reads)
+            rate = [str(int(self.pacer.rate))] if self.pacer.rate > 0 else []
+            chan = peer.open("snaphashes", self.unit_id, str(st.generation), *rate)
             try:
                 chan.close_write()
                 return read_maps(reader_for(peer, chan), self.tmp, st.block_size)

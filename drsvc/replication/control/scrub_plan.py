@@ -1,8 +1,8 @@
-"""The pure parts of a verify (``scrub``): its windows, its read rate cap, the comparison of
-one window's digests, and the findings it gathers."""
+"""The pure parts of a verify (``scrub``): its windows, the comparison of one window's
+digests, and the findings it gathers (its read rate cap is ``common.read_pacer``, which the
+primary's ``snaphashes`` shares)."""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,23 +19,6 @@ def plan_windows(size: int, block_size: int, window_bytes: int = WINDOW_BYTES) -
     per = max(1, window_bytes // block_size)
     blocks = block_count(size, block_size)
     return [(first, min(per, blocks - first)) for first in range(0, blocks, per)]
-
-
-class ReadPacer:
-    """A read rate cap: after each read, how long to wait so that the reads so far average at
-    most *rate* bytes per second since the first (0: no cap). Holes are not reads."""
-
-    def __init__(self, rate: float, clock=time.monotonic):
-        self.rate = float(rate or 0)
-        self.clock = clock
-        self.start = clock()
-        self.done = 0
-
-    def delay(self, nbytes: int) -> float:
-        self.done += int(nbytes)
-        if self.rate <= 0:
-            return 0.0
-        return max(0.0, self.start + self.done / self.rate - self.clock())
 
 
 def _rows(digests: bytes) -> np.ndarray:

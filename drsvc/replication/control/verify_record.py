@@ -13,9 +13,11 @@ from ...layout import PoolLayout
 
 
 class VerifyRecord:
-    """``verify.json``: ``last`` (the last run), ``failure`` (the last run that found
-    mismatches, kept until a complete clean run or a repair), ``repair`` (a compare sync asked
-    for), ``last_complete_at`` (when the last run that read everything ended)."""
+    """``verify.json``: ``last`` (the last run), ``failure`` (the last run that found the
+    replica's blocks different, kept until a complete clean run or a repair), ``repair`` (a
+    compare sync asked for), ``last_complete_at`` (when the last run that read everything
+    ended), ``points`` (what the last run that checked the recovery points found: damaged
+    ones stay reported until a run finds them clean or gone; no repair exists for them)."""
 
     def __init__(self, layout: PoolLayout, unit_id: str):
         self.path = layout.verify_path(unit_id)
@@ -28,10 +30,13 @@ class VerifyRecord:
     def add(self, run: dict) -> None:
         d = self.doc
         d["last"] = run
-        if run["result"] == "mismatch":
+        replica = run.get("replica_result", run["result"])
+        if replica == "mismatch":
             d["failure"], d["repair"] = run, None
-        elif run["result"] == "clean":
+        elif replica == "clean":
             d["failure"], d["repair"] = None, None
+        if run.get("points") is not None:
+            d["points"] = {**run["points"], "generation": run["generation"], "checked_at": run["finished_at"]}
         if run["complete"]:
             d["last_complete_at"] = run["finished_at"]
         d["runs_total"] = int(d.get("runs_total") or 0) + 1
@@ -51,14 +56,22 @@ def judge(doc: dict, *, generation: int, resync_requested: bool) -> dict:
     """failed: mismatches known and not repaired; repaired: a compare sync committed after the
     repair was asked for (the resync request is cleared by its commit, at a newer generation)."""
     fail, rep = doc.get("failure"), doc.get("repair")
+    pts = doc.get("points") or {}
     repaired = bool(fail and rep and not resync_requested and generation > int(fail.get("generation") or 0))
-    out = {"last_verify_at": float(doc.get("last_complete_at") or 0.0), "failed": bool(fail) and not repaired,
+    damaged = [int(g) for g in pts.get("damaged_points") or ()]
+    out = {"last_verify_at": float(doc.get("last_complete_at") or 0.0),
+           "failed": (bool(fail) and not repaired) or bool(damaged), "replica_failed": bool(fail) and not repaired,
+           "damaged_points": damaged, "damaged_first": (pts.get("damaged") or [])[:3] if damaged else [],
+           "unverifiable_points": sorted({int(u["point"]) for u in pts.get("unverifiable") or ()}),
            "repaired": repaired, "repair_pending": bool(fail and rep and not repaired),
            "mismatched_blocks": int(fail["mismatched_blocks"]) if fail and not repaired else 0,
            "generation": int(fail.get("generation") or 0) if fail else 0,
            "first": (fail.get("mismatches") or [])[:3] if fail and not repaired else [],
            "runs_total": int(doc.get("runs_total") or 0)}
-    out["message"] = failure_message(out) if out["failed"] else ""
+    out["message"] = "; ".join(m for m in (failure_message(out) if out["replica_failed"] else "",
+                                           points_message(out)) if m) if out["failed"] else ""
+    if out["message"]:
+        out["message"] = "VERIFY_FAILED: " + out["message"]
     return out
 
 
@@ -66,5 +79,21 @@ def failure_message(v: dict) -> str:
     where = ", ".join(f"{m['volume']}@{m['offset']}" for m in v["first"])
     tail = "; repair asked for: waiting for the primary's compare sync" if v["repair_pending"] else \
         "; `drsvc verify --repair` re-sends those blocks from the primary"
-    return (f"VERIFY_FAILED: {v['mismatched_blocks']} block(s) of generation {v['generation']} differ "
-            f"(first at {where}){tail}")
+    return f"{v['mismatched_blocks']} block(s) of generation {v['generation']} differ (first at {where}){tail}"
+
+
+def points_message(v: dict) -> str:
+    """The damaged recovery points: named, and said to be beyond repair from the primary."""
+    if not v["damaged_points"]:
+        return ""
+    where = ", ".join(f"point {m['point']} {m['volume']}@{m['offset']}" for m in v["damaged_first"])
+    return (f"recovery point(s) {', '.join(map(str, v['damaged_points']))} damaged (first at {where}): "
+            "the primary keeps no older generations, so they cannot be repaired; a promote to them "
+            "is refused unless forced, and they go when retention prunes them")
+
+
+def point_known_bad(v: dict, generation: int) -> int | None:
+    """The damaged point an image of point *generation* is built through (itself or a newer
+    one: its undo log is laid over the newer points'), or None."""
+    bad = [g for g in v["damaged_points"] if g >= generation]
+    return min(bad) if bad else None

@@ -7,6 +7,7 @@ them). Where they live (PoolLayout)::
     replication/<unit>/points/<gen>/meta.json   per member: how the point's bytes are kept
     replication/<unit>/points/<gen>/<vol>.undo  ...the bytes later generations overwrote
     replication/<unit>/points/<gen>/<vol>.img   ...or a whole image (reflink)
+    replication/<unit>/points/<gen>/<vol>.undo.sums, <vol>.img.map   their digests (points.digests)
 
 A member of a point is kept one of three ways:
 
@@ -35,7 +36,7 @@ from ...host.fiemap import FIEMAP_EXTENT_SHARED, fiemap_array
 from ...host.reflink import clone_file
 from ...layout import PoolLayout
 from ..common import ranges
-from . import undo_log
+from . import digests, undo_log
 
 LIVE, UNDO, FULL = "live", "undo", "full"
 SCHEDULED = "scheduled"
@@ -262,6 +263,7 @@ def seal(layout: PoolLayout, idx: Index, volumes=None) -> bool:
         tmp.unlink(missing_ok=True)
         clone_file(layout.image(vol), tmp)
         os.replace(tmp, final)
+        digests.record_sealed(layout, idx.unit_id, point.generation, vol)
         meta["members"][vol] = {"data": FULL, "map": "", "bytes": 0}
         made = True
     if made:

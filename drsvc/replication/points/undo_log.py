@@ -16,6 +16,9 @@ ones are copied (a reflink is a transaction of tens of microseconds). Every writ
 a range to a fixed content, so a run cut short and run again ends the same: a log only
 grows, and a map names only bytes made durable before it was written.
 
+Given a *sums* path, an append records the digest of every 4 KiB block it adds to the log
+(``points.digests``), so a verify can check the log later.
+
 Range sets are ``common.ranges``' int64 (starts, ends) arrays;
 maps travel in point metadata as base64 of little-endian int64 triples.
 """
@@ -30,6 +33,7 @@ from pathlib import Path
 from ...host.reflink import UNSUPPORTED, clone_file_range
 from ..common import ranges
 from ..common.blockmap import punch_hole
+from .digests import SumsWriter, read_sums
 
 CLONE_MIN = 64 << 10
 ALIGN = 4096
@@ -156,16 +160,20 @@ def _zero(data) -> bool:
 class _Appender:
     """Appends ranges to a log: small ones gathered into large sequential writes."""
 
-    def __init__(self, fd: int):
+    def __init__(self, fd: int, sums: Path | None = None):
         self.fd = fd
         self.end = _aligned(os.fstat(fd).st_size)
         self.buf = bytearray()
         self.buf_at = self.end
         self.data = 0
+        self.sums = SumsWriter(sums, self.end) if sums is not None else None
+        self.src_sums: Path | None = None      # the digests of the log shared from, when one is
 
     def flush(self) -> None:
         if self.buf:
             os.pwrite(self.fd, self.buf, self.buf_at)
+            if self.sums is not None:
+                self.sums.add_data(self.buf)       # the bytes in hand, in whole log blocks
             self.buf = bytearray()
         self.buf_at = self.end
 
@@ -186,13 +194,21 @@ class _Appender:
             return at
         return self._took(length)
 
-    def share(self, src: int, src_pos: int, length: int, data: int) -> int | None:
+    def share(self, src: int, src_pos: int, length: int, data: int, src_sums: Path | None = None) -> int | None:
         """Append *length* bytes of *src* at *src_pos* (a run holding *data* bytes of ranges)
-        by one FICLONERANGE: the log position, or None where the kernel refuses."""
+        by one FICLONERANGE: the log position, or None where the kernel refuses. Their
+        digests: the source log's recorded ones (*src_sums*, when it covers them), else read."""
         self.flush()
         os.ftruncate(self.fd, self.end + length)
         if not _clone(src, src_pos, self.fd, self.end, length):
             return None
+        if self.sums is not None:
+            known = read_sums(src_sums or self.src_sums, src_pos // ALIGN, length // ALIGN) \
+                if not src_pos % ALIGN else None
+            if known is not None:
+                self.sums.add(known)
+            else:
+                self.sums.add_read(src, src_pos, length)
         at = self.end
         self.end += length
         self.buf_at = self.end
@@ -262,29 +278,35 @@ def _add_run(w: _Appender, run, rows: list) -> None:
 
 
 @contextlib.contextmanager
-def _appending(log: Path, after):
+def _appending(log: Path, after, sums: Path | None = None):
     """The log at *log* open for appends (bytes past what *after* names cut off first), made
-    durable once the appends are done."""
+    durable once the appends are done, with its digests (*sums*) when asked for."""
     fd = os.open(log, os.O_RDWR | os.O_CREAT, 0o600)
+    w = None
     try:
         if after is not None and os.fstat(fd).st_size > log_end(after):
             os.ftruncate(fd, log_end(after))
-        w = _Appender(fd)
+        w = _Appender(fd, sums)
         yield w
         w.flush()
         # XFS keeps blocks past the end of a file appended in turns (speculative preallocation):
         # a truncate to the size gives them back
         os.ftruncate(fd, w.end)
         os.fsync(fd)
+        if w.sums is not None:
+            w.sums.close()
+            w.sums = None
     finally:
+        if w is not None and w.sums is not None:
+            w.sums.close(durable=False)
         os.close(fd)
 
 
-def append(log: Path, pieces, *, after=None) -> tuple:
+def append(log: Path, pieces, *, after=None, sums: Path | None = None) -> tuple:
     """Append the *pieces* ((offset, length, source fd or None for zeros, source position))
     to the log at *log*, durably. *after*: the log's map so far; bytes past what it names
-    are cut off first (None: keep the log as it is). Returns the pieces' map rows and the
-    data bytes written."""
+    are cut off first (None: keep the log as it is). *sums*: where the log's block digests
+    are recorded (``points.digests``). Returns the pieces' map rows and the data bytes written."""
     np = _np()
     runs = list(_runs(pieces))
     for run in runs:                 # what will be read: the kernel reads it all at once
@@ -293,21 +315,23 @@ def append(log: Path, pieces, *, after=None) -> tuple:
                 if src is not None:
                     os.posix_fadvise(src, pos, ln, os.POSIX_FADV_WILLNEED)
     rows: list = []
-    with _appending(log, after) as w:
+    with _appending(log, after, sums) as w:
         for run in runs:
             _add_run(w, run, rows)
     return (np.asarray(rows, dtype=np.int64).reshape(-1, 3) if rows else no_map()), w.data
 
 
-def append_rows(log: Path, src: int, m, *, after=None) -> tuple:
+def append_rows(log: Path, src: int, m, *, after=None, sums: Path | None = None,
+                src_sums: Path | None = None) -> tuple:
     """``append`` of the ranges map *m* names in the log open as *src* (rows in log order,
     ``in_log_order``; position -1: zeros), with the same log and rows as
-    ``append(log, log_pieces(src, m), after=after)``. A fold moves thousands of ranges that
+    ``append(log, log_pieces(src, m), after=after)``; a shared run takes its digests from
+    *src_sums*, the source log's, where they cover it. A fold moves thousands of ranges that
     lie together in the pruned point's log: the runs are found with array operations, and
     only the ranges of runs that are not shared are handled one by one."""
     np = _np()
     if not len(m):
-        return append(log, (), after=after)
+        return append(log, (), after=after, sums=sums)
     off, ln, pos = m[:, 0], m[:, 1], m[:, 2]
     ends = pos + (-(-ln // ALIGN)) * ALIGN
     joins = (pos[1:] >= 0) & (pos[:-1] >= 0) & (pos[1:] % ALIGN == 0) & (pos[1:] == ends[:-1])
@@ -321,7 +345,8 @@ def append_rows(log: Path, src: int, m, *, after=None) -> tuple:
             if at >= 0:      # what will be read: the kernel reads it all at once
                 os.posix_fadvise(src, at, n, os.POSIX_FADV_WILLNEED)
     parts: list = []
-    with _appending(log, after) as w:
+    with _appending(log, after, sums) as w:
+        w.src_sums = src_sums
         for i, j, whole, n in zip(starts.tolist(), stops.tolist(), shared.tolist(), length.tolist(), strict=True):
             if whole and j - i > 1:
                 base = w.share(src, int(pos[i]), n, int(ln[i:j].sum()))

@@ -34,7 +34,9 @@ from ...errors import RetentionGridInvalid
 from ...failpoints import failpoint
 from ...layout import PoolLayout
 from ..common import ranges
-from ..points import undo_log
+from ..common.blockmap import DEFAULT_BLOCK_SIZE
+from ..common.unit_state import find_state
+from ..points import digests, undo_log
 from ..points.index import (
     FULL,
     LIVE,
@@ -224,7 +226,8 @@ def keep_overwritten(layout: PoolLayout, idx: Index, target: Point, tx: dict, sp
         fd = os.open(layout.image(vol), os.O_RDONLY)
         try:
             rows, n = undo_log.append(layout.point_undo(unit, target.generation, vol),
-                                       undo_log.image_pieces(fd, want, os.fstat(fd).st_size), after=have)
+                                       undo_log.image_pieces(fd, want, os.fstat(fd).st_size), after=have,
+                                       sums=layout.point_undo_sums(unit, target.generation, vol))
         finally:
             os.close(fd)
         _add(meta, vol, have, rows, n)
@@ -264,7 +267,9 @@ def fold(layout: PoolLayout, idx: Index, p: Point, q: Point | None) -> None:
         fd = os.open(layout.point_undo(unit, p.generation, vol), os.O_RDONLY) if (moved[:, 2] >= 0).any() else -1
         try:
             rows, n = undo_log.append_rows(layout.point_undo(unit, q.generation, vol), fd,
-                                            undo_log.in_log_order(moved), after=have)
+                                            undo_log.in_log_order(moved), after=have,
+                                            sums=layout.point_undo_sums(unit, q.generation, vol),
+                                            src_sums=layout.point_undo_sums(unit, p.generation, vol))
         finally:
             if fd >= 0:
                 os.close(fd)
@@ -279,7 +284,14 @@ def _make_full(layout: PoolLayout, idx: Index, q: Point, vol: str) -> None:
     final = layout.point_image(idx.unit_id, q.generation, vol)
     tmp = layout.staging_image(final)
     build_image(layout, idx, q, vol, tmp)
+    # built from other points' bytes: hashed as built (the image's digests, points.digests)
+    digests.record_image(tmp, layout.point_image_map(idx.unit_id, q.generation, vol), _block_size(layout, idx))
     os.replace(tmp, final)
+
+
+def _block_size(layout: PoolLayout, idx: Index) -> int:
+    st = find_state(layout.root, idx.unit_id)
+    return int(st.block_size) if st is not None and st.block_size else DEFAULT_BLOCK_SIZE
 
 
 # -- after the apply ----------------------------------------------------------------------
@@ -362,6 +374,7 @@ def _sweep_point(layout: PoolLayout, unit: str, d: Path) -> None:
         return
     meta = read_meta(layout, unit, int(d.name))
     for f in d.iterdir():
-        stale_undo = f.name.endswith(".undo") and member_data(meta, f.name[:-5], newest=False) == FULL
+        vol = f.name.removesuffix(".sums").removesuffix(".undo") if f.name.endswith((".undo", ".undo.sums")) else ""
+        stale_undo = bool(vol) and member_data(meta, vol, newest=False) == FULL
         if f.name.startswith(".") or stale_undo:
             f.unlink(missing_ok=True)

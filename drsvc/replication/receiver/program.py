@@ -14,32 +14,31 @@ command; the verb comes from SSH_ORIGINAL_COMMAND (or argv for local use):
                                     stream is handed to the transaction's receiver
                                     (``stripe_join``) until the stripe's end
     hashes UNIT BLOCK_SIZE VOL...   block hash maps of replica images
-    snaphashes UNIT GENERATION      block hash maps of the acked snapshot (drsvc.replication.control.consistency)
+    snaphashes UNIT GENERATION [RATE]  block hash maps of the acked snapshot (control.consistency,
+                                       control.scrub: RATE caps its reads, bytes per second)
     release UNIT [keep-image|delete-image]
 
 Anything else is refused (``UnknownVerb``): ``VERBS`` is the one table of verb,
 handler and argument bounds. This module is the program (``main``), the
-dispatch and its I/O; the verb bodies are ``receiver.verbs``, a transaction
+dispatch and its I/O; the verb bodies are ``receiver.verbs`` (a stripe's is
+``receiver.stripe_join``'s), a transaction
 ``receiver.transaction``, the replica's state ``receiver.replica``.
 Imports stay lean: this starts once per channel.
 """
 from __future__ import annotations
 
-import argparse
 import fcntl
 import os
 import socket
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from importlib import import_module
 
 from ...errors import DrPoolNoSpace, DrsvcError, ProtocolError, StreamCorrupt, UnknownVerb
 from ...layout import PoolLayout
 from ..wire import frames
 from ..wire.frames import T_CONTROL, FrameReader
-from . import verbs
-from .transaction import out_of_space
 
 _IO_BUF = 1 << 20
 
@@ -88,11 +87,20 @@ class Out:
 Handler = Callable[[PoolLayout, FrameReader, Out, list], None]
 
 
-@dataclass(frozen=True)
 class Verb:
-    handler: Handler
-    min_args: int
-    max_args: int
+    """One allowed verb: its handler (``module:function`` of this package, imported at the
+    first call: a stripe channel never loads the journal's and the points' code) and the
+    bounds of its argument count."""
+
+    __slots__ = ("target", "min_args", "max_args")
+
+    def __init__(self, target: str, min_args: int, max_args: int):
+        self.target, self.min_args, self.max_args = target, min_args, max_args
+
+    @property
+    def handler(self) -> Handler:
+        module, name = self.target.split(":")
+        return getattr(import_module(f"{__package__}.{module}"), name)
 
 
 def hello(layout: PoolLayout, reader: FrameReader, out: Out, args: list[str]) -> None:
@@ -103,8 +111,8 @@ def hello(layout: PoolLayout, reader: FrameReader, out: Out, args: list[str]) ->
 
 
 def _import_ahead() -> None:
-    """Import what a commit imports lazily, while a warm receiver waits for its first
-    request: numpy (the recovery points' range sets, ``common.ranges``) and zstandard
+    """Import what a commit imports lazily, while an `apply` conversation's first messages
+    come: numpy (the recovery points' range sets, ``common.ranges``) and zstandard
     (compressed records). Left to the commit, a fresh receiver's first transaction would
     pay for them between its commit marker and its answer."""
     try:
@@ -116,9 +124,10 @@ def _import_ahead() -> None:
 
 def serve(layout: PoolLayout, reader: FrameReader, out: Out, args: list[str]) -> None:
     """Answer requests until the sender closes the channel. Any error ends the
-    process (main reports it typed): the stream may be mid-request."""
+    process (main reports it typed): the stream may be mid-request. The commit's lazy
+    imports start at the first request that can lead to one, not for a stripe's channel."""
     hello(layout, reader, out, args)
-    threading.Thread(target=_import_ahead, name="drsvc-import-ahead", daemon=True).start()
+    ahead = False
     while True:
         frame = reader.next_frame(eof_ok=True)
         if frame is None:
@@ -135,19 +144,22 @@ def serve(layout: PoolLayout, reader: FrameReader, out: Out, args: list[str]) ->
         verb, vargs = parse_command(words)
         if verb == "serve":
             raise UnknownVerb(verb="serve")
+        if verb == "apply" and not ahead:
+            threading.Thread(target=_import_ahead, name="drsvc-import-ahead", daemon=True).start()
+            ahead = True
         VERBS[verb].handler(layout, reader, out, vargs)
 
 
 # The allowlist: verb -> handler and argument count bounds. Anything else is UnknownVerb.
 VERBS: dict[str, Verb] = {
-    "hello": Verb(hello, 0, 0),
-    "serve": Verb(serve, 0, 0),
-    "status": Verb(verbs.status, 1, 1),
-    "apply": Verb(verbs.apply, 0, 0),
-    "stripe": Verb(verbs.stripe, 2, 2),
-    "hashes": Verb(verbs.hashes, 2, 4096),
-    "snaphashes": Verb(verbs.snapshot_hashes, 2, 2),
-    "release": Verb(verbs.release, 1, 2),
+    "hello": Verb("program:hello", 0, 0),
+    "serve": Verb("program:serve", 0, 0),
+    "status": Verb("verbs:status", 1, 1),
+    "apply": Verb("verbs:apply", 0, 0),
+    "stripe": Verb("stripe_join:stripe", 2, 2),
+    "hashes": Verb("verbs:hashes", 2, 4096),
+    "snaphashes": Verb("verbs:snapshot_hashes", 2, 3),
+    "release": Verb("verbs:release", 1, 2),
 }
 
 
@@ -173,27 +185,53 @@ def _widen_pipe(fd: int) -> None:
         pass
 
 
+class Usage(Exception):
+    """The program's own command line is wrong (not a peer's request)."""
+
+
+def parse_argv(argv: list[str]) -> tuple[str, str | None, list[str]]:
+    """``--pool POOL [--connect SOCKET] [VERB ARG...]``: (pool, socket, command words)."""
+    opts: dict[str, str] = {}
+    rest: list[str] = []
+    it = iter(argv)
+    for word in it:
+        name, eq, value = word.partition("=")
+        if name in ("--pool", "--connect") and not rest:
+            if not eq:
+                value = next(it, None)
+                if value is None:
+                    raise Usage(f"{name} needs a value")
+            opts[name] = value
+        elif word.startswith("--") and not rest:
+            raise Usage(f"unknown option {word[:64]!r}")
+        else:
+            rest.append(word)
+    if not opts.get("--pool"):
+        raise Usage("--pool POOL is required")
+    return opts["--pool"], opts.get("--connect"), rest
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="drsvc-receiver")
-    ap.add_argument("--pool", required=True)
-    ap.add_argument("--connect", help="serve over this unix socket instead of stdin/stdout")
-    ap.add_argument("command", nargs="*")
-    opts = ap.parse_args(argv)
-    if opts.connect:
+    try:
+        pool, connect, command = parse_argv(sys.argv[1:] if argv is None else list(argv))
+    except Usage as e:
+        print(f"usage: drsvc-receiver --pool POOL [--connect SOCKET] [VERB ARG...]: {e}", file=sys.stderr)
+        return 2
+    if connect:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.connect(opts.connect)
+        sock.connect(connect)
         source = Input(sock.fileno())
         out = Out(sock=sock)
     else:
         _widen_pipe(0)
         source = Input(0)
         out = Out(1)
-    words = opts.command or os.environ.get("SSH_ORIGINAL_COMMAND", "").split()
+    words = command or os.environ.get("SSH_ORIGINAL_COMMAND", "").split()
     reader = FrameReader(source.recv)
     reader.source = source      # a `stripe` request hands its descriptor and read-ahead on
     try:
         verb, args = parse_command(words)
-        VERBS[verb].handler(PoolLayout(opts.pool), reader, out, args)
+        VERBS[verb].handler(PoolLayout(pool), reader, out, args)
         return 0
     except DrsvcError as e:
         code = 2
@@ -203,8 +241,9 @@ def main(argv=None) -> int:
         err = e
         import traceback
         traceback.print_exc(file=sys.stderr)
+        from .transaction import out_of_space
         if out_of_space(e):
-            code, err = 2, DrPoolNoSpace(pool=opts.pool, reason=f"{words[0] if words else 'the request'}: {e.strerror}")
+            code, err = 2, DrPoolNoSpace(pool=pool, reason=f"{words[0] if words else 'the request'}: no space left on its filesystem")
     try:
         out.control(frames.error_message(err))
     except OSError:

@@ -25,6 +25,7 @@ import threading
 import time
 
 from ...errors import ProtocolError, StreamCorrupt
+from ..wire import frames
 from ..wire.stripe_token import check_token
 
 HELLO = struct.Struct(">16sII")   # token | index | bytes read ahead (they follow the message)
@@ -172,3 +173,21 @@ def attach(token: str, index: int, fds: tuple[int, int], ahead: bytes, *, wait: 
         return json.loads(line)
     except ValueError:
         raise StreamCorrupt(reason="a bad word from the transaction's receiver") from None
+
+
+def stripe(layout, reader, out, args: list[str]) -> None:
+    """``stripe TOKEN INDEX``: hand this channel's stream to the receiver of transaction TOKEN,
+    wait until it read the stripe's end, and say so (``stripe-done``). The channel then
+    serves the next request, as after any other."""
+    try:
+        index = int(args[1])
+    except ValueError:
+        raise ProtocolError(reason="a stripe index is a number") from None
+    source = reader.source
+    if source is None or index < 0:
+        raise ProtocolError(reason="this receiver cannot hand its stream on")
+    fd_out = getattr(out, "fd", 1) if getattr(out, "sock", None) is None else out.sock.fileno()
+    word = attach(args[0], index, (source.fd, fd_out), source.take_ahead())
+    if word.get("error"):
+        frames.raise_error(word["error"])
+    out.control({"type": "stripe-done", "index": index, "records": int(word.get("records", 0))})

@@ -140,7 +140,8 @@ class UndoAhead:
             except FileNotFoundError:
                 continue
             out[i] = {"vol": vol, "fd": fd, "size": os.fstat(fd).st_size, "generation": newest.generation,
-                      "log": self.layout.point_undo(idx.unit_id, newest.generation, vol)}
+                      "log": self.layout.point_undo(idx.unit_id, newest.generation, vol),
+                      "sums": self.layout.point_undo_sums(idx.unit_id, newest.generation, vol)}
         if out:
             ensure_point_dir(self.layout, idx.unit_id, newest.generation)
         return out
@@ -153,7 +154,8 @@ class UndoAhead:
             want = ranges.subtract(changed[t["vol"]], undo_log.covered(have))
             if not len(want[0]):
                 continue
-            rows, n = undo_log.append(t["log"], undo_log.image_pieces(t["fd"], want, t["size"]), after=have)
+            rows, n = undo_log.append(t["log"], undo_log.image_pieces(t["fd"], want, t["size"]), after=have,
+                                      sums=t["sums"])
             self.copied[t["vol"]] = Early(t["generation"], undo_log.merge_maps(have, rows),
                                           n + (early.nbytes if early is not None else 0))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 
 from ... import store
 from ...errors import (
@@ -20,11 +21,11 @@ from ...errors import (
     UnitNotFound,
 )
 from ...layout import PoolLayout, check_id
-from ..common.blockmap import check_block_size, hash_image
+from ..common.blockmap import DIGEST, check_block_size, hash_image
+from ..common.read_pacer import ReadPacer
 from ..common.unit_state import find_state, get_state
 from ..wire import frames
 from ..wire.frames import T_CONTROL, FrameReader
-from . import stripe_join
 from .journal import Journal
 from .replica import UnitLock, recover, settle, status_of
 from .transaction import Replies, Transaction, parse_tx
@@ -36,11 +37,13 @@ def status(layout: PoolLayout, reader: FrameReader, out: Replies, args: list[str
         out.control(status_of(layout, unit_id, recover(layout, unit_id)))
 
 
-def _send_map(out: Replies, vol: str, fd: int, block_size: int) -> None:
+def _send_map(out: Replies, vol: str, fd: int, block_size: int, pacer: ReadPacer | None = None) -> None:
     size = os.fstat(fd).st_size
     out.control({"type": "map", "volume_id": vol, "exists": True, "size": size, "block_size": block_size})
     for first, digests in hash_image(fd, size, block_size):
         out.write(frames.encode_hashes(first, digests))
+        if pacer is not None:
+            time.sleep(pacer.delay(len(digests) // DIGEST * block_size))
     out.control({"type": "end", "volume_id": vol})
 
 
@@ -80,13 +83,36 @@ def hashes(layout: PoolLayout, reader: FrameReader, out: Replies, args: list[str
 
 def snapshot_hashes(layout: PoolLayout, reader: FrameReader, out: Replies, args: list[str]) -> None:
     """Block hashes of the acked snapshot of generation GENERATION, every member (served by
-    the primary, read by a secondary's content check: ``control.consistency``)."""
+    the primary, read by a secondary's content check: ``control.consistency``, and its
+    verify: ``control.scrub``). RATE (bytes per second, optional; 0: none) caps the reads: a
+    verify's cap holds at the primary too. The snapshot's images are opened under the unit's
+    lock and read after it is let go (an acked snapshot is never written, and an open file
+    outlives its removal), so a capped read never holds up the primary's syncs."""
     unit_id = check_id(args[0])
     try:
         generation = int(args[1])
+        rate = int(args[2]) if len(args) > 2 else 0
     except ValueError:
-        raise ReplicationConflict(unit_id=unit_id, reason="generation is not an integer") from None
+        raise ReplicationConflict(unit_id=unit_id, reason="generation and rate are integers") from None
+    if rate < 0:
+        raise InvalidParameter(key="rate", reason="a read rate is 0 (none) or more bytes per second")
     layout.ensure_unit_dir(unit_id)
+    opened: list = []
+    try:
+        block_size = _snapshot_fds(layout, unit_id, generation, out, opened)
+        pacer = ReadPacer(rate) if rate else None
+        for vol, fd in opened:
+            _send_map(out, vol, fd, block_size, pacer)
+        out.control({"type": "done"})
+    finally:
+        for _vol, fd in opened:
+            os.close(fd)
+
+
+def _snapshot_fds(layout: PoolLayout, unit_id: str, generation: int, out: Replies, opened: list) -> int:
+    """Under the unit's lock: check the generation is held, and open every member's image of
+    it into *opened* (a replica held as secondary is hashed right here, under the lock, and
+    uncapped: it may be written once the lock goes). Returns the unit's block size."""
     # not waited for: the sync that holds it may itself be waiting on the asker's lock
     with store.file_lock(layout.lock_path(unit_id), blocking=False, key=unit_id):
         if find_state(layout.root, unit_id) is not None and get_state(layout.root, unit_id).role != "primary":
@@ -103,12 +129,15 @@ def snapshot_hashes(layout: PoolLayout, reader: FrameReader, out: Replies, args:
             raise ReplicationConflict(unit_id=unit_id, reason=f"generation {generation} is not held here as "
                                                               f"acked (this site is at {st.generation})")
         for vol in st.members:
-            fd = os.open(path_of(vol), os.O_RDONLY)
-            try:
-                _send_map(out, vol, fd, st.block_size)
-            finally:
-                os.close(fd)
-        out.control({"type": "done"})
+            opened.append((vol, os.open(path_of(vol), os.O_RDONLY)))
+        if st.role != "primary":
+            while opened:
+                vol, fd = opened.pop(0)
+                try:
+                    _send_map(out, vol, fd, st.block_size)
+                finally:
+                    os.close(fd)
+        return st.block_size
 
 
 def release(layout: PoolLayout, reader: FrameReader, out: Replies, args: list[str]) -> None:
@@ -132,24 +161,6 @@ def release(layout: PoolLayout, reader: FrameReader, out: Replies, args: list[st
     shutil.rmtree(layout.unit_dir(unit_id), ignore_errors=True)
     out.control({"type": "released", "unit": unit_id, "existed": st is not None,
                  "removed_images": removed})
-
-
-def stripe(layout: PoolLayout, reader: FrameReader, out: Replies, args: list[str]) -> None:
-    """``stripe TOKEN INDEX``: hand this channel's stream to the receiver of transaction TOKEN,
-    wait until it read the stripe's end, and say so (``stripe-done``). The channel then
-    serves the next request, as after any other."""
-    try:
-        index = int(args[1])
-    except ValueError:
-        raise ProtocolError(reason="a stripe index is a number") from None
-    source = reader.source
-    if source is None or index < 0:
-        raise ProtocolError(reason="this receiver cannot hand its stream on")
-    fd_out = getattr(out, "fd", 1) if getattr(out, "sock", None) is None else out.sock.fileno()
-    word = stripe_join.attach(args[0], index, (source.fd, fd_out), source.take_ahead())
-    if word.get("error"):
-        frames.raise_error(word["error"])
-    out.control({"type": "stripe-done", "index": index, "records": int(word.get("records", 0))})
 
 
 def apply(layout: PoolLayout, reader: FrameReader, out: Replies, args: list[str]) -> None:

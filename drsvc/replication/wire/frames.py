@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass
+from collections import namedtuple
 
 import xxhash
 
@@ -52,14 +52,12 @@ MAX_BODY = RECORD.size + MAX_DATA_RECORD + (64 << 10)
 MANIFEST_ENTRY = struct.Struct(">HBQIQ")
 
 
-@dataclass(frozen=True, slots=True)
-class RecordHeader:
-    member: int
-    codec: int
-    offset: int
-    length: int
-    checksum: int
-    index: int = -1        # the record's place in the plan (version 4); -1: implied by arrival order
+class RecordHeader(namedtuple("RecordHeader", "member codec offset length checksum index", defaults=(-1,))):
+    """A record's header; ``index`` is the record's place in the plan (version 4), -1 when
+    arrival order implies it. A named tuple: the receiver parses one per record, and
+    starts once per channel (no dataclasses machinery at import)."""
+
+    __slots__ = ()
 
     @property
     def is_zero(self) -> bool:

@@ -10,8 +10,9 @@ import pytest
 from drsvc.config import parse
 from drsvc.errors import ConfigInvalid, InvalidParameter
 from drsvc.replication.common.blockmap import DIGEST, ZERO, block_count, digest_blocks, hash_image, hash_range
-from drsvc.replication.control.scrub_plan import Findings, ReadPacer, compare_window, plan_windows
-from drsvc.replication.control.verify_record import judge
+from drsvc.replication.common.read_pacer import ReadPacer
+from drsvc.replication.control.scrub_plan import Findings, compare_window, plan_windows
+from drsvc.replication.control.verify_record import judge, point_known_bad
 from drsvc.schedule import parse_verify_interval
 
 pytestmark = pytest.mark.fast
@@ -131,6 +132,26 @@ def test_a_failure_stands_until_a_repair_commits_a_newer_generation():
     v = judge(asked, generation=6, resync_requested=False)
     assert not v["failed"] and v["repaired"] and v["message"] == ""
     assert not judge({}, generation=3, resync_requested=False)["failed"]
+
+
+POINTS = {"damaged_points": [7], "bad_blocks": 1, "unverifiable": [{"point": 3, "volume": "vol-a", "bytes": 8192}],
+          "damaged": [{"volume": "vol-a", "offset": 1 << 20, "length": 4096, "against": "point", "point": 7,
+                       "generation": 7, "data": "undo", "file_offset": 8192}]}
+
+
+def test_a_damaged_point_fails_the_verify_past_a_repair_and_bars_promotes_through_it():
+    v = judge({"points": POINTS}, generation=9, resync_requested=False)
+    assert v["failed"] and not v["replica_failed"] and v["damaged_points"] == [7] and v["unverifiable_points"] == [3]
+    assert "point 7 vol-a@1048576" in v["message"] and "cannot be repaired" in v["message"]
+    assert v["message"].startswith("VERIFY_FAILED: recovery point(s) 7 damaged")
+    # a repair of the replica clears its failure, not the point's damage
+    both = {"failure": FAIL, "repair": {"requested_at": 60.0, "generation": 5}, "points": POINTS}
+    v = judge(both, generation=6, resync_requested=False)
+    assert v["repaired"] and not v["replica_failed"] and v["failed"] and "recovery point(s) 7" in v["message"]
+    # an image of point 7 or older is built through 7; a newer one, or the replica, is not
+    assert [point_known_bad(v, g) for g in (5, 7, 8)] == [7, 7, None]
+    clean = judge({"points": {**POINTS, "damaged_points": [], "damaged": []}}, generation=9, resync_requested=False)
+    assert not clean["failed"] and clean["message"] == "" and clean["unverifiable_points"] == [3]
 
 
 def test_verify_intervals_parse_like_sync_intervals_up_to_ninety_days():

@@ -119,6 +119,19 @@ def test_receiver_verb_allowlist_direct():
     assert parse_command(["status", "u"]) == ("status", ["u"])
 
 
+def test_receiver_command_line():
+    """The forced command's own arguments: the pool is required, options come before the
+    verb's words (a verb's argument that looks like an option is the verb's), anything else
+    is a usage error (exit 2), never a traceback."""
+    from drsvc.replication.receiver.program import Usage, main, parse_argv
+    assert parse_argv(["--pool", "/p"]) == ("/p", None, [])
+    assert parse_argv(["--pool=/p", "--connect", "/s", "status", "--pool"]) == ("/p", "/s", ["status", "--pool"])
+    for bad in ([], ["--pool"], ["--connect", "/s"], ["--pool", "/p", "--bogus"]):
+        with pytest.raises(Usage):
+            parse_argv(bad)
+    assert main(["--bogus"]) == 2
+
+
 def _synced(site):
     a = site.primary
     make_image(a / "images" / "v.img", 4 * MiB, [(0, os.urandom(2 * MiB))])
