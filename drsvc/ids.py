@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-import time
 
 from .errors import InvalidName, InvalidParameter, MissingField
 
@@ -52,6 +51,4 @@ def name_key(kind: str, name: str) -> str:
 
 
 def new_id(prefix: str) -> str:
-    """A new id: 24 hex digits, the creation time in milliseconds (12) then random (12), so
-    that ids sort in creation order and a listing in id order lists new records last."""
-    return f"{prefix}-{time.time_ns() // 1_000_000:012x}{secrets.token_hex(6)}"
+    return f"{prefix}-{secrets.token_hex(12)}"

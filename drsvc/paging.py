@@ -4,8 +4,9 @@
 ``page_by_number``: a unit's recovery points, by generation (the token: the last one listed).
 ``page_by_id``: the listings that grow with the site (volumes, snapshots): the token is the
 last id of the previous page, and a page reads the records of its own ids only, from the
-sorted names of their directory. A record created during a walk after the token is listed;
-one that sorts before it is not (the spec allows a walk to miss it, never to repeat one).
+sorted names of their directory. A record created during a walk is listed when its id sorts
+after the token, and not when it sorts before (ids are random: the spec allows a walk to miss
+it, never to list one twice).
 """
 from __future__ import annotations
 

@@ -360,8 +360,7 @@ class VolumeService:
 
     # -- list / capacity / expand ---------------------------------------------
     def list_volumes(self, max_entries: int = 0, token: str = ""):
-        """Ready volumes in id order (ids begin with their creation time: page_by_id), a page
-        reading its own volumes' records only."""
+        """Ready volumes in id order (page_by_id), a page reading its own volumes' records only."""
         return page_by_id(self.pool.list_ids("volumes"), max_entries, token, self._listed_volume, marker="vol-")
 
     def _listed_volume(self, volume_id: str) -> Volume | None:
