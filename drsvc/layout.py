@@ -133,9 +133,15 @@ class PoolLayout:
         """The last verify of a secondary's replica (``drsvc.replication.control.scrub``)."""
         return self.unit_dir(unit_id) / "verify.json"
 
-    def verify_tmp(self, unit_id: str) -> Path:
-        """A verify's scratch directory (block maps it fetched or copied)."""
-        return self.unit_dir(unit_id) / "verify-tmp"
+    def verify_tmp(self, unit_id: str, run: str | None = None) -> Path:
+        """The scratch directory of the unit's verifies, or of one *run* (a directory of its
+        own: a scheduled verify and an operator's may run at once)."""
+        d = self.unit_dir(unit_id) / "verify-tmp"
+        if run is None:
+            return d
+        if not run or not all(c.isalnum() or c == "-" for c in run):
+            raise InvalidName(what="verify run", value=run[:40], reason="letters, digits and '-' only")
+        return d / run
 
     def role_lock_path(self, unit_id: str) -> Path:
         """Held by a promote, demote or resync for its whole run (the unit's lock is taken

@@ -6,7 +6,8 @@ secondary. A byte flipped in b's replica image is found (its offset named, again
 receiver's block map and the primary's snapshot), makes the status VERIFY_FAILED, the
 metric's inputs say so and a promote without force is refused; the repair re-sends about one
 block, and the copy is then byte-equal to the primary's snapshot. A verify beside a
-scheduled sync of a unit being written loses nothing, and both finish.
+scheduled sync of a unit being written loses nothing, and both finish; so does a second
+verify of the unit running at the same time.
 
 A byte flipped in a kept recovery point's undo log at b is found too, by `drsvc verify` and
 by a scheduled verify, named by point, volume offset and log offset; the status says the
@@ -23,12 +24,13 @@ import grpc
 import pytest
 
 from drsvc.layout import PoolLayout
+from drsvc.replication.control.scrub import Scrub
 from drsvc.replication.points.index import read_meta, undo_map
 from drsvc.replication.common.unit_state import find_state
 from drsvc_cli.client import DrClient, RpcFailed
 from drsvc_cli.main import main as cli
 from tests.dr.helpers import generation, wait_for, write_random
-from tests.faults.steps import check_converged, file_sha
+from tests.faults.steps import check_converged, file_sha, peer_of
 from tests.fixtures.sites import image_sha
 
 BS = 4096
@@ -174,10 +176,25 @@ def test_a_verify_beside_scheduled_syncs_of_a_written_unit_loses_nothing(lab):
         t = threading.Thread(target=writer, daemon=True)
         t.start()
         before = generation(sb, vid)
+        # a second verify of the unit at once, as a scheduled one may run beside an operator's:
+        # each has a scratch directory of its own, and both end clean
+        second: dict = {}
+
+        def other():        # the engine's verify, as b's scheduled run makes it, capped the same
+            try:
+                second["r"] = Scrub(sb.pool, vid, lambda: peer_of(sb, "a"), read_rate=12 << 20).run()
+            except Exception as e:  # noqa: BLE001 - asserted below
+                second["e"] = e
+        t2 = threading.Thread(target=other, daemon=True)
+        t2.start()
+        time.sleep(1.0)     # the engine's run is reading the primary's maps (capped) as this one starts
         r = b.verify(volume_id=vid, wait=300)
+        t2.join(300)
         stop.set()
         t.join()
         assert r["result"] == "clean", r
+        assert "e" not in second and second["r"]["result"] == "clean", second
+        assert not any(PoolLayout(sb.pool).verify_tmp(vid).glob("*")), "a verify's scratch was left"
         assert r["end_generation"] > r["generation"] >= before, r       # syncs landed while it ran
         assert r["bytes_read"] >= 48 << 20 and r["checked"] == {"recorded": True, "primary": True}
         after = generation(sb, vid)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 import time
 from pathlib import Path
@@ -65,7 +66,8 @@ class Scrub:
         self.maps = ReplicaMaps(self.layout, unit_id)
         self.pacer = ReadPacer(read_rate)
         self.window_bytes, self.sleep = window_bytes, sleep
-        self.tmp = self.layout.verify_tmp(unit_id)
+        self.run_id = f"{os.getpid()}-{secrets.token_hex(4)}"
+        self.tmp = self.layout.verify_tmp(unit_id, self.run_id)
         self.found = Findings()
         self.notes: list[str] = []
         self.st0 = None
@@ -79,7 +81,7 @@ class Scrub:
     def run(self) -> dict:
         t0 = time.time()
         complete = True
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        self._clear_leftovers()
         self.tmp.mkdir(parents=True)
         try:
             self._begin()
@@ -92,6 +94,21 @@ class Scrub:
         finally:
             shutil.rmtree(self.tmp, ignore_errors=True)
         return self._outcome(t0, complete)
+
+    def _clear_leftovers(self) -> None:
+        """Remove the scratch of runs whose process is gone (a verify killed part-way)."""
+        root = self.layout.verify_tmp(self.unit_id)
+        for d in root.iterdir() if root.is_dir() else ():
+            pid = d.name.split("-", 1)[0]
+            if not d.is_dir() or not pid.isdigit():
+                shutil.rmtree(d, ignore_errors=True) if d.is_dir() else d.unlink(missing_ok=True)
+                continue
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                shutil.rmtree(d, ignore_errors=True)
+            except PermissionError:
+                pass
 
     def _outcome(self, t0: float, complete: bool) -> dict:
         f, pts = self.found, self.points
