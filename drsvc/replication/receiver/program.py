@@ -144,10 +144,15 @@ def serve(layout: PoolLayout, reader: FrameReader, out: Out, args: list[str]) ->
         verb, vargs = parse_command(words)
         if verb == "serve":
             raise UnknownVerb(verb="serve")
+        # the verb's module (and typing) before the thread that imports numpy starts: a
+        # dataclass made here reads sys.modules["typing"], which that thread may be halfway
+        # through initialising
+        handler = VERBS[verb].handler
         if verb == "apply" and not ahead:
+            import typing  # noqa: F401
             threading.Thread(target=_import_ahead, name="drsvc-import-ahead", daemon=True).start()
             ahead = True
-        VERBS[verb].handler(layout, reader, out, vargs)
+        handler(layout, reader, out, vargs)
 
 
 # The allowlist: verb -> handler and argument count bounds. Anything else is UnknownVerb.
