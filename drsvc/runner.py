@@ -56,8 +56,8 @@ def module_without_site(module: str, *args) -> tuple[list[str], str]:
     """argv running *module* of this tree in this interpreter with ``site`` off (``-S``), and
     the PYTHONPATH that finds what it imports: this tree first, then the directories ``site``
     would add, without running their ``.pth`` hooks. For the receiver, which starts once per
-    channel: ``site`` with an editable install's finder and a CA bundle's hook is half of an
-    interpreter's start."""
+    channel: hooks such as an editable install's finder are for the lab's own processes, not
+    for every channel's."""
     import site
     import sys
     from pathlib import Path
