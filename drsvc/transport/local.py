@@ -80,11 +80,13 @@ class LocalPeer(Peer):
             listener.bind(path)
             listener.listen(1)
             listener.settimeout(0.2)
-            argv, pythonpath = runner.module_without_site("drsvc.replication.receiver", "--pool", self.pool,
-                                                          "--connect", path, verb, *args)
-            if self.python != sys.executable:   # another interpreter: its own site
-                argv = [self.python, "-m", *argv[3:]]
-            env = dict(os.environ, PYTHONPATH=pythonpath, **(self.env or {}))
+            words = ("--pool", self.pool, "--connect", path, verb, *args)
+            if self.python == sys.executable:
+                argv, pythonpath = runner.module_without_site("drsvc.replication.receiver", *words)
+                env = dict(os.environ, PYTHONPATH=pythonpath, **(self.env or {}))
+            else:       # another interpreter: its own site and environment
+                argv = [self.python, "-m", "drsvc.replication.receiver", *words]
+                env = dict(os.environ, **(self.env or {}))
             proc = runner.spawn(argv, env=env)
             self.last_proc = proc
             waited = 0.0

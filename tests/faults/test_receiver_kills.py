@@ -39,6 +39,18 @@ def _contact(lab, vol):
         peer_status(p, vol)                 # the next contact: replays a committed journal
 
 
+def _killed_sync(lab, vol, point):
+    """A sync of *vol* whose receiver at b dies at *point* (a failed sync, one fault)."""
+    sa = lab.sites["a"]
+    set_receiver_failpoints(lab, "b", [point])
+    try:
+        with peer_of(sa) as p, pytest.raises(DrsvcError):
+            sync_unit(sa.pool, vol, [vol], p)
+        fault()
+    finally:
+        set_receiver_failpoints(lab, "b", ())
+
+
 def commit_point_kills(lab, rnd, rounds):
     """Kills at the receiver's commit points leave the image whole even before any
     replay, so every kill is checked at once; each attempt's status request is the
@@ -50,13 +62,7 @@ def commit_point_kills(lab, rnd, rounds):
         write_random(sa, vol, count=rnd.randint(1, 24), size=rnd.choice([4096, 64 << 10]),
                      seed=rnd.random())
         gens.record(sa, vol)
-        set_receiver_failpoints(lab, "b", [point])
-        try:
-            with peer_of(sa) as p, pytest.raises(DrsvcError):
-                sync_unit(sa.pool, vol, [vol], p)
-            fault()
-        finally:
-            set_receiver_failpoints(lab, "b", ())
+        _killed_sync(lab, vol, point)
         got = gens.check_whole(sb, vol)
         # what was on the wire: the pending generation (a resumed one may predate `new`)
         with tempfile.TemporaryDirectory(dir=sa.pool) as scratch:
@@ -190,13 +196,7 @@ def repair_kills(lab, rnd):
         for i, point in enumerate(POINTS):
             write_random(sa, vol, count=2, size=4096, seed=rnd.random())   # a transaction each time
             gens.record(sa, vol)
-            set_receiver_failpoints(lab, "b", [point])
-            try:
-                with peer_of(sa) as p, pytest.raises(DrsvcError):
-                    sync_unit(sa.pool, vol, [vol], p)
-                fault()
-            finally:
-                set_receiver_failpoints(lab, "b", ())
+            _killed_sync(lab, vol, point)
             got = gens.check_whole(sb, vol)
             if i == 0:      # receiver.before_commit, before any commit
                 assert got == damaged, "a repair that never committed changed the replica"

@@ -100,15 +100,8 @@ class Scrub:
         root = self.layout.verify_tmp(self.unit_id)
         for d in root.iterdir() if root.is_dir() else ():
             pid = d.name.split("-", 1)[0]
-            if not d.is_dir() or not pid.isdigit():
-                shutil.rmtree(d, ignore_errors=True) if d.is_dir() else d.unlink(missing_ok=True)
-                continue
-            try:
-                os.kill(int(pid), 0)
-            except ProcessLookupError:
+            if not (pid.isdigit() and _alive(int(pid))):
                 shutil.rmtree(d, ignore_errors=True)
-            except PermissionError:
-                pass
 
     def _outcome(self, t0: float, complete: bool) -> dict:
         f, pts = self.found, self.points
@@ -254,3 +247,13 @@ class _Held:
 
     def __exit__(self, *exc):
         self.lock.__exit__(*exc)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True

@@ -43,12 +43,16 @@ def _undo_members(u: Unit):
                 yield p.generation, v, undo_map(meta, v)
 
 
-def test_every_undo_log_has_digests_and_checks_clean_through_folds(xfs_mod):
-    u = Unit(xfs_mod, vols=("v1", "v2"), seed=11)
-    for _ in range(6):
+def _history(u, changes: int) -> int:
+    """*changes* syncs each followed by a change, then a last sync: its generation."""
+    for _ in range(changes):
         u.sync()
         u.change()
-    u.sync()
+    return u.sync()
+
+def test_every_undo_log_has_digests_and_checks_clean_through_folds(xfs_mod):
+    u = Unit(xfs_mod, vols=("v1", "v2"), seed=11)
+    _history(u, 6)
     for _ in range(3):                               # prunes: the folds append to older logs
         u.change()
         u.sync("1x1000w(keep=2)")
@@ -66,10 +70,7 @@ def test_every_undo_log_has_digests_and_checks_clean_through_folds(xfs_mod):
 
 def test_a_flipped_byte_in_an_undo_log_is_named_by_point_and_offset(xfs_mod):
     u = Unit(xfs_mod, seed=12)
-    for _ in range(4):
-        u.sync()
-        u.change()
-    u.sync()
+    _history(u, 4)
     gen, v, m = next(_undo_members(u))
     data_rows = m[m[:, 2] >= 0]
     off, length, pos = (int(x) for x in data_rows[len(data_rows) // 2])
@@ -86,10 +87,7 @@ def test_a_flipped_byte_in_an_undo_log_is_named_by_point_and_offset(xfs_mod):
 
 def test_a_log_kept_without_digests_is_unverifiable_not_clean(xfs_mod):
     u = Unit(xfs_mod, seed=13)
-    for _ in range(3):
-        u.sync()
-        u.change()
-    u.sync()
+    _history(u, 3)
     gen, v, m = next(_undo_members(u))
     u.layout.point_undo_sums(u.unit, gen, v).unlink()        # as a release that kept none wrote it
     got = _check(u)
@@ -105,10 +103,7 @@ def test_a_log_kept_without_digests_is_unverifiable_not_clean(xfs_mod):
 
 def test_a_sealed_image_takes_the_replica_map_and_a_flip_in_it_is_found(xfs_mod):
     u = Unit(xfs_mod, seed=14)
-    for _ in range(3):
-        u.sync()
-        u.change()
-    gen = u.sync()
+    gen = _history(u, 3)
     take_over(u.b, u.unit)                       # a promote's seal: the newest point gets a whole image
     mapfile = u.layout.point_image_map(u.unit, gen, "v")
     assert mapfile.exists()
