@@ -224,6 +224,17 @@ def read_doc(path: Path) -> dict | None:
     return doc
 
 
+def close_file(f, keep: bool = True) -> None:
+    """Close a buffered file. With *keep* false it is about to be removed: a failed flush of
+    what is still buffered (ENOSPC, EDQUOT) is dropped with it. The descriptor is closed
+    either way (a buffered close releases it after a failed flush)."""
+    try:
+        f.close()
+    except OSError:
+        if keep:
+            raise
+
+
 def remove(path: Path) -> bool:
     """Remove *path* durably; returns False when it was already gone."""
     try:

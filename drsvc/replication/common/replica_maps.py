@@ -103,11 +103,13 @@ class JournalDigests:
             if self._f is not None:
                 self._f.flush()
 
-    def close(self) -> None:
+    def close(self, keep: bool = True) -> None:
+        """Close the file; with *keep* false it is about to be removed, and a failed flush of
+        what is still buffered (a full filesystem) is dropped with it."""
         with self._lock:
-            if self._f is not None:
-                self._f.close()
-                self._f = None
+            f, self._f = self._f, None
+            if f is not None:
+                store.close_file(f, keep)
 
     @staticmethod
     def entries(path: Path):

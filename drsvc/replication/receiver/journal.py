@@ -489,7 +489,7 @@ class Journal:
         self._data_pos = 0
 
     def discard(self) -> None:
-        self.close()
+        self.close(keep=False)
         if self.dir.exists():
             # tx.json first, so a crash mid-removal leaves no journal that looks valid
             store.remove(self.dir / "tx.json")
@@ -514,22 +514,25 @@ class Journal:
                                              block_size=self.tx["block_size"])
         return bool(self._readahead.fds)
 
-    def close(self) -> None:
+    def close(self, keep: bool = True) -> None:
+        """Close every file. With *keep* false the files are about to be removed: what is still
+        buffered is dropped, so a full filesystem refusing its flush does not stop the removal
+        that frees it."""
         self._writer.stop()          # before the fds it writes to are closed
         with self._lock:
             if self._readahead is not None:
                 self._readahead.close()
                 self._readahead = None
         if self._records is not None:
-            self._records.close()
-            self._records = None
+            records, self._records = self._records, None
+            store.close_file(records, keep)
         if self._data_fd is not None:
             os.close(self._data_fd)
             self._data_fd = None
         for fd in self._staging_fds.values():
             os.close(fd)
         self._staging_fds.clear()
-        self.digests.close()
+        self.digests.close(keep)
 
     # -- records
     def _staging_fd(self, member: int) -> int:

@@ -1,6 +1,7 @@
 """The journal's digest file (``replica_maps.JournalDigests``): what is written is read back,
 across the reader's buffer boundaries; a torn tail ends the listing; a file of another
 boot lists nothing."""
+import errno
 import os
 import random
 
@@ -100,3 +101,18 @@ def test_records_on_one_block_take_the_maps_in_arrival_order(tmp_path):
     assert d[16:32] == bytes(16)
     d = _maps_after(tmp_path / "c", [(0, False, 0, 8192, b"\3" * 8192), (0, False, 4096, 4096, new)])
     assert d[:32] == digest_blocks(b"\3" * 4096, 4096) + digest_blocks(new, 4096)
+
+
+def test_a_full_filesystem_refusing_the_last_flush_does_not_stop_a_discard():
+    """/dev/full answers every write with ENOSPC, as a DR pool with no room left: a
+    transaction that fails there discards its journal, and closing the digests it was about
+    to remove must not raise (the removal is what frees the pool). Kept, the error stands."""
+    jd = JournalDigests("/dev/full")
+    jd.add(0, 0, 512, JournalDigests.digest(0, 512, bytes(512)))
+    jd.close(keep=False)
+    jd.close(keep=False)                 # repeat-safe: nothing is left open
+    jd.add(0, 0, 512, JournalDigests.digest(0, 512, bytes(512)))
+    with pytest.raises(OSError) as e:
+        jd.close()
+    assert e.value.errno == errno.ENOSPC
+    jd.close()                           # the descriptor went with the failed close
