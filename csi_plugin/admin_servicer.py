@@ -112,7 +112,8 @@ class Admin(admin_pb2_grpc.AdminServicer):
 
     @rpc
     def CloneReplica(self, req, context):
-        gen, vols = self.requests.clone_replica(self._unit(req.unit), req.name_prefix, req.recovery_point)
+        gen, vols = self.requests.clone_replica(self._unit(req.unit), req.name_prefix,
+                                                     req.recovery_point, force=req.force)
         return admin_pb2.CloneReplicaResponse(generation=gen, volumes=[convert.volume(v) for v in vols])
 
     @rpc

@@ -257,13 +257,13 @@ class NeedsResync(PreconditionFailed):
 
 class ReplicaKnownBad(PreconditionFailed):
     template = ("the replica of {unit_id} failed its verify: {detail}; repair it first "
-                "(`drsvc verify --repair`), or promote with force to take it as it is")
+                "(`drsvc verify --repair`), or {action} with force to take it as it is")
 
 
 class PointKnownBad(PreconditionFailed):
     template = ("recovery point {generation} of {unit_id} is built through point {damaged}, which failed its "
                 "verify ({detail}); it cannot be repaired from the primary: choose another point, or "
-                "promote with force to take it as it is")
+                "{action} with force to take it as it is")
 
 
 class PeerNotDemoted(PreconditionFailed):

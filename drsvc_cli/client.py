@@ -201,9 +201,10 @@ class DrClient:
                 "checked": {"recorded": r.checked_recorded, "primary": r.checked_primary},
                 "rewritten_blocks": r.rewritten_blocks, "notes": list(r.notes), "skipped": r.skipped}
 
-    def clone_replica(self, prefix: str, *, volume_id: str = "", group_id: str = "", point: str = "") -> dict:
+    def clone_replica(self, prefix: str, *, volume_id: str = "", group_id: str = "", point: str = "",
+                      force: bool = False) -> dict:
         r = self._call(self.admin.CloneReplica, admin_pb2.CloneReplicaRequest(
-            unit=self.unit(volume_id, group_id), name_prefix=prefix, recovery_point=point))
+            unit=self.unit(volume_id, group_id), name_prefix=prefix, recovery_point=point, force=force))
         return {"generation": r.generation, "volumes": [_volume(v) for v in r.volumes]}
 
     def recovery_points(self, *, volume_id: str = "", group_id: str = "", limit: int = 0, token: str = "") -> dict:

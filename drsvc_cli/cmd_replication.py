@@ -126,7 +126,7 @@ def cmd_sync_now(args, out):
 def cmd_clone(args, out):
     with client(args) as c:
         unit, site = resolve_unit(args, c), c.site()
-        r = c.clone_replica(args.prefix, point=args.point or "", **unit)
+        r = c.clone_replica(args.prefix, point=args.point or "", force=args.force, **unit)
         sources = c.status(**unit)["members"] or [changes.name(unit)]     # the clones' order
         rows = [{"source": s, "clone": v["volume_id"], "size": v["capacity_bytes"]}
                 for s, v in zip(sources, r["volumes"], strict=False)]
@@ -170,4 +170,5 @@ def add_parsers(sub, common, unit_args) -> None:
     p = sub.add_parser("clone", parents=[common, unit_args], help="clone the latest replicated generation (drills)")
     p.add_argument("--prefix", default="drill")
     p.add_argument("--point", help="clone this recovery point instead: a generation or an RFC 3339 time")
+    p.add_argument("--force", action="store_true", help="clone even a copy or point its verify found damaged")
     p.set_defaults(fn=cmd_clone, needs_unit=True)

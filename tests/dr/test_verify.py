@@ -11,7 +11,8 @@ verify of the unit running at the same time.
 
 A byte flipped in a kept recovery point's undo log at b is found too, by `drsvc verify` and
 by a scheduled verify, named by point, volume offset and log offset; the status says the
-point cannot be repaired from the primary, and a promote to it is refused unless forced."""
+point cannot be repaired from the primary, and a promote to it is refused unless forced. A
+drill's clone of a damaged copy or point is refused the same way."""
 from __future__ import annotations
 
 import io
@@ -114,6 +115,13 @@ def test_a_flipped_byte_is_found_refuses_a_promote_and_the_repair_sends_one_bloc
             b.until_done(lambda: b.replication("PromoteVolume", volume_id=vid, force=False), wait=60)
         assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and "failed its verify" in e.value.message
         assert find_state(sb.pool, vid).role == "secondary"
+        # a drill's clone of the damaged copy too, unless forced (to look at it)
+        with pytest.raises(RpcFailed) as e:
+            b.clone_replica("bad", volume_id=vid)
+        assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and "clone with force" in e.value.message, e.value
+        code, doc = _cli_json("clone", "--endpoint", sb.endpoint, "--volume", vid, "--prefix", "look", "--force", "--json")
+        assert code == 0 and doc["result"]["generation"] == g and len(doc["result"]["clones"]) == 1, doc
+        b.delete_volume(doc["result"]["clones"][0]["clone"])
 
         asked = b.verify(volume_id=vid, repair=True, wait=120)
         assert asked["result"] == "mismatch" and asked["repair_requested"]
@@ -294,6 +302,15 @@ def test_a_flipped_byte_in_a_points_undo_log_is_found_and_a_promote_to_it_refuse
             assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION, e.value
             assert f"built through point {bad_point}" in e.value.message, e.value.message
         assert find_state(sb.pool, vid).role == "secondary"
+        # a drill's clone: of the damaged point or one built through it, only with force; the
+        # newest point is laid over the replica alone, and clones as it is
+        for target in (bad_point, bad_point - 1):
+            with pytest.raises(RpcFailed) as e:
+                b.clone_replica(f"bad{target}", volume_id=vid, point=str(target))
+            assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION, e.value
+            assert f"built through point {bad_point}" in e.value.message and "clone with force" in e.value.message
+        assert b.clone_replica("newest", volume_id=vid, point=str(g))["generation"] == g
+        assert b.clone_replica("look", volume_id=vid, point=str(bad_point), force=True)["generation"] == bad_point
         b.until_done(lambda: b.replication("PromoteVolume", volume_id=vid, force=True,
                                            parameters={"drsvc.io/recoveryPoint": str(bad_point)}), wait=120)
         assert find_state(sb.pool, vid).role == "primary"

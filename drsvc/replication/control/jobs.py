@@ -23,8 +23,6 @@ from ...errors import (
     OperationInProgress,
     PeerNotDemoted,
     PeerNotRecorded,
-    PointKnownBad,
-    ReplicaKnownBad,
     SplitBrain,
 )
 from ...layout import PoolLayout
@@ -35,7 +33,7 @@ from ..common import unit_state
 from ..common.replica_maps import ReplicaMaps
 from . import shipped_snapshots
 from .health import final_sync
-from .verify_record import VerifyRecord, failure_message, point_known_bad
+from .verify_record import VerifyRecord, refuse_known_bad
 from .relationship import (
     Control,
     control_from_origin,
@@ -301,13 +299,7 @@ class ReplicationJobs:
             return {"role": "primary", "epoch": st.epoch}
         if not force:
             # a replica known bad first: it is the reason a planned promote would be wrong too
-            v = VerifyRecord.find(self.pool, unit_id).judge(st)
-            if v["replica_failed"]:
-                raise ReplicaKnownBad(unit_id=unit_id, detail=failure_message(v))
-            if point is not None and (bad := point_known_bad(v, point)) is not None:
-                where = ", ".join(f"{m['volume']}@{m['offset']}" for m in v["damaged_first"] if m["point"] == bad)
-                raise PointKnownBad(unit_id=unit_id, generation=point, damaged=bad,
-                                    detail=f"damaged at {where}" if where else "damaged")
+            refuse_known_bad(self.pool, st, point, action="promote")
             if st.peer_demoted_at is None or st.peer_demoted_at != st.generation:
                 raise PeerNotDemoted(
                     f"the peer has not demoted {unit_id} at this site's generation {st.generation}"

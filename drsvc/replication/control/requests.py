@@ -30,6 +30,7 @@ from ..points import index
 from .enablement import check_group_has_members, replicated_as_secondary, resolve_peer
 from .read_model import ReplicationStatus, Unit
 from .relationship import DEFAULT_INTERVAL, find_control
+from .verify_record import refuse_known_bad
 
 RETENTION = "drsvc.io/retention"
 VERIFY_INTERVAL = "drsvc.io/verifyInterval"   # how often the secondary verifies its replica (scrub)
@@ -166,9 +167,10 @@ class ReplicationRequests:
         return self.dispatcher.run("verify", unit.unit_id, {"repair": bool(repair)},
                                    wait=self.rpc_wait if wait is None else wait)
 
-    def clone_replica(self, unit: Unit, prefix: str, point: str = "") -> tuple[int, list]:
+    def clone_replica(self, unit: Unit, prefix: str, point: str = "", *, force: bool = False) -> tuple[int, list]:
         """Consistent read-write clones of the latest replicated generation, or of a recovery
-        point (for drills).
+        point (for drills). What a verify found damaged is cloned only with *force* (to look
+        at it): a drill on it would pass or fail for the wrong reason.
 
         The receiver's unit lock keeps deltas out while the reflinks are taken,
         so every member is cloned at the same generation; replication goes on
@@ -182,6 +184,8 @@ class ReplicationRequests:
             recover(layout, unit.unit_id)          # finish a committed delta first
             st = unit_state.get_state(self.pool, unit.unit_id)
             at = index.find_point(layout, unit.unit_id, point, "recovery_point") if point else None
+            if not force:
+                refuse_known_bad(self.pool, st, at.generation if at else None, action="clone")
             idx = index.Index.find(layout, unit.unit_id) if at else None
             clones = []
             for vid in unit.members:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 from ... import store
+from ...errors import PointKnownBad, ReplicaKnownBad
 from ...layout import PoolLayout
 
 
@@ -97,3 +98,16 @@ def point_known_bad(v: dict, generation: int) -> int | None:
     one: its undo log is laid over the newer points'), or None."""
     bad = [g for g in v["damaged_points"] if g >= generation]
     return min(bad) if bad else None
+
+
+def refuse_known_bad(pool, st, point: int | None, *, action: str) -> None:
+    """Refuse to *action* (promote, clone) a replica its last verify found damaged, or a
+    recovery point built through a damaged one (a point's image is the replica with the undo
+    logs of it and every newer point laid over it). Taking it on is the operator's call (force)."""
+    v = VerifyRecord.find(pool, st.unit_id).judge(st)
+    if v["replica_failed"]:
+        raise ReplicaKnownBad(unit_id=st.unit_id, detail=failure_message(v), action=action)
+    if point is not None and (bad := point_known_bad(v, point)) is not None:
+        where = ", ".join(f"{m['volume']}@{m['offset']}" for m in v["damaged_first"] if m["point"] == bad)
+        raise PointKnownBad(unit_id=st.unit_id, generation=point, damaged=bad, action=action,
+                            detail=f"damaged at {where}" if where else "damaged")
