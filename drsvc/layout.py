@@ -241,6 +241,16 @@ class PoolLayout:
         """The digests of an undo log's 4 KiB blocks, recorded as it is written."""
         return self.point_dir(unit_id, generation) / f"{check_id(volume_id, 'volume_id')}.undo.sums"
 
+    @staticmethod
+    def sums_of_undo(log: Path) -> Path:
+        """``point_undo_sums`` of the undo log at *log* (a path ``point_undo`` made)."""
+        return log.with_name(log.name + ".sums")
+
+    @staticmethod
+    def map_of_image(image: Path) -> Path:
+        """``point_image_map`` of the point image at *image* (a path ``point_image`` made)."""
+        return image.with_name(image.name + ".map")
+
     def point_image_map(self, unit_id: str, generation: int, volume_id: str) -> Path:
         """The block map of a point's whole image (its digests as sealed)."""
         return self.point_dir(unit_id, generation) / f"{check_id(volume_id, 'volume_id')}.img.map"

@@ -17,18 +17,20 @@ block maps use).
   starts its sums where the new appends begin: the older blocks are unverifiable.
 * A whole image's digests are a block map beside it (``<vol>.img.map``): a seal copies the
   receiver's recorded map of the replica (``common.replica_maps``) when it describes the
-  generation sealed, so nothing is read; an image built from other points (a fold) is hashed
-  as built. No recorded map: the image is unverifiable.
+  generation sealed, so nothing is read; an image built from other points (a fold) takes
+  its sources' recorded digests (``record_built_image``). No recorded map: the image is
+  unverifiable.
 """
 from __future__ import annotations
 
 import os
 import struct
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 from ...layout import PoolLayout
-from ..common.blockmap import DIGEST, BlockMap, block_count, digest_blocks, hash_range
+from ..common.blockmap import DIGEST, ZERO, BlockMap, block_count, digest_blocks, hash_range
 from ..common.replica_maps import ReplicaMaps
 from ..common.unit_state import find_state
 
@@ -117,6 +119,37 @@ def read_sums(path: Path | None, first: int, count: int) -> bytes | None:
         return os.pread(fd, count * DIGEST, SUMS_HEADER.size + (first - lo) * DIGEST)
     finally:
         os.close(fd)
+
+
+class RecordedSums:
+    """A sums file read whole, for the many lookups of one fold."""
+
+    def __init__(self, first: int, digests: bytes):
+        self.first, self.digests = first, digests
+
+    @classmethod
+    def load(cls, path: Path) -> RecordedSums:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return cls(0, b"")
+        try:
+            first, end = covered(fd)
+            return cls(first, os.pread(fd, (end - first) * DIGEST, SUMS_HEADER.size))
+        finally:
+            os.close(fd)
+
+    def get(self, first: int, count: int) -> bytes | None:
+        """The digests of log blocks [first, first+count), or None when not all are recorded."""
+        lo = (first - self.first) * DIGEST
+        hi = lo + count * DIGEST
+        return self.digests[lo:hi] if first >= self.first and hi <= len(self.digests) else None
+
+
+@lru_cache(maxsize=8)
+def zero_digests(count: int) -> bytes:
+    """The digests of *count* 4 KiB blocks of zeros."""
+    return digest_blocks(bytes(SUM_BLOCK), SUM_BLOCK) * count
 
 
 # -- checking -----------------------------------------------------------------------------
@@ -213,6 +246,79 @@ def record_image(image: Path, mapfile: Path, block_size: int) -> None:
                 digests, _ = hash_range(fd, first, min(per, block_count(size, block_size) - first),
                                         block_size, size, buf)
                 m.write(first, digests)
+            m.fsync()
+    finally:
+        os.close(fd)
+    os.replace(tmp, mapfile)
+
+
+def record_built_image(image: Path, mapfile: Path, block_size: int, base: Path, laid) -> None:
+    """The block map of a point image built from other points (a fold): *base*, a point
+    image, reflinked, with the undo ranges *laid* ((log, map rows) each, disjoint) over it.
+    Its digests are taken from what was recorded as those bytes were written (the base's
+    map, the logs' sums), so damage in a source is not blessed by hashing it as built: a
+    verify of the new image still finds it. A block no recorded digest describes exactly (a
+    short block where the sizes differ, one laid from two ranges, a source without digests)
+    is hashed as built."""
+    base_map = PoolLayout.map_of_image(base)
+    if block_size != SUM_BLOCK or not base_map.exists():
+        record_image(image, mapfile, block_size)
+        return
+    import numpy as np
+    size = os.stat(image).st_size
+    nb = block_count(size, block_size)
+    with BlockMap.open(base_map) as bm:
+        base_size = bm.size
+        out = bytearray(bm.read(0, nb))          # past the base's end: ZERO, as the build reads
+    rehash = np.zeros(nb, dtype=bool)
+    if size != base_size:                        # short blocks: hashed short where each ends
+        for end in (size, base_size):
+            if end % block_size and end // block_size < nb:
+                rehash[end // block_size] = True
+    for log, rows in laid:
+        _take_log_digests(out, rehash, RecordedSums.load(PoolLayout.sums_of_undo(log)), rows, size)
+    _write_map(image, mapfile, block_size, size, out, rehash)
+
+
+def _take_log_digests(out: bytearray, rehash, sums: RecordedSums, rows, size: int) -> None:
+    """Into *out*: the digests of the image blocks the undo *rows* lay (volume offset,
+    length, log position or -1 for zeros), from the log's recorded *sums*."""
+    bs = SUM_BLOCK
+    for off, ln, pos in rows.tolist():
+        lim = min(off + ln, size)                 # the image's short last block is hashed short
+        first, end = off // bs, block_count(lim, bs)
+        whole_first, whole_end = block_count(off, bs), lim // bs
+        rehash[first:whole_first] = True          # blocks the range only partly covers
+        rehash[whole_end:end] = True
+        if whole_end <= whole_first:
+            continue
+        if pos < 0:
+            out[whole_first * DIGEST:whole_end * DIGEST] = ZERO * (whole_end - whole_first)
+            continue
+        got = sums.get((pos + whole_first * bs - off) // bs, whole_end - whole_first) \
+            if (pos - off) % bs == 0 else None
+        if got is None:
+            rehash[whole_first:whole_end] = True
+        else:
+            out[whole_first * DIGEST:whole_end * DIGEST] = got
+
+
+def _write_map(image: Path, mapfile: Path, block_size: int, size: int, digests: bytearray, rehash) -> None:
+    """Write a point image's map from *digests*, hashing the blocks *rehash* marks (a bool
+    array) from the image, a run at a time."""
+    import numpy as np
+    tmp = mapfile.with_name("." + mapfile.name)
+    edges = np.flatnonzero(np.diff(np.concatenate([[False], rehash, [False]]).astype(np.int8)))
+    fd = os.open(image, os.O_RDONLY)
+    try:
+        buf = bytearray(_READ)
+        per = _READ // block_size
+        for a, b in zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True):
+            for first in range(a, b, per):
+                d, _ = hash_range(fd, first, min(per, b - first), block_size, size, buf)
+                digests[first * DIGEST:first * DIGEST + len(d)] = d
+        with BlockMap.create(tmp, block_size, size) as m:
+            m.write(0, bytes(digests))
             m.fsync()
     finally:
         os.close(fd)

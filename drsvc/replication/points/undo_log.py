@@ -32,8 +32,8 @@ from pathlib import Path
 
 from ...host.reflink import UNSUPPORTED, clone_file_range
 from ..common import ranges
-from ..common.blockmap import punch_hole
-from .digests import SumsWriter, read_sums
+from ..common.blockmap import DIGEST, digest_blocks, punch_hole
+from .digests import SUM_BLOCK, RecordedSums, SumsWriter, read_sums, zero_digests
 
 CLONE_MIN = 64 << 10
 ALIGN = 4096
@@ -168,14 +168,39 @@ class _Appender:
         self.data = 0
         self.sums = SumsWriter(sums, self.end) if sums is not None else None
         self.src_sums: Path | None = None      # the digests of the log shared from, when one is
+        self._src_recorded: RecordedSums | None = None
+        self.known: list[tuple[int, bytes]] = []   # (position in buf, recorded digests) of copied ranges
 
     def flush(self) -> None:
         if self.buf:
             os.pwrite(self.fd, self.buf, self.buf_at)
             if self.sums is not None:
-                self.sums.add_data(self.buf)       # the bytes in hand, in whole log blocks
+                self.sums.add(self._digests())
             self.buf = bytearray()
+            self.known = []
         self.buf_at = self.end
+
+    def _digests(self) -> bytes:
+        """The buffer's block digests: those of the bytes in hand, except where a range was
+        copied from a log with recorded digests. Those are taken over, so damage in the source
+        is not blessed by hashing it again: a verify of this log still finds it."""
+        got = digest_blocks(self.buf, SUM_BLOCK)
+        if not self.known:
+            return got
+        out = bytearray(got)
+        for at, d in self.known:
+            i = at // SUM_BLOCK * DIGEST
+            out[i:i + len(d)] = d
+        return bytes(out)
+
+    def _recorded(self, src_pos: int, length: int) -> bytes | None:
+        """The source log's recorded digests of the blocks of a copied range (a fold's), or
+        None: not from a log with sums, or not at a block of it."""
+        if self.sums is None or self.src_sums is None or src_pos % ALIGN:
+            return None
+        if self._src_recorded is None:
+            self._src_recorded = RecordedSums.load(self.src_sums)
+        return self._src_recorded.get(src_pos // ALIGN, _aligned(length) // ALIGN)
 
     def add(self, src: int, src_pos: int, length: int) -> int:
         """Append *length* bytes of *src* at *src_pos*; the log position, or -1 for zeros."""
@@ -184,8 +209,11 @@ class _Appender:
         data = os.pread(src, length, src_pos)
         if len(data) < length:
             data += bytes(length - len(data))         # past the source's end: zeros
-        if _zero(data):
+        known = self._recorded(src_pos, length)
+        if _zero(data) and (known is None or known == zero_digests(len(known) // DIGEST)):
             return -1
+        if known is not None:
+            self.known.append((len(self.buf), known))
         self.buf += data
         self.buf += bytes(_aligned(length) - length)
         if len(self.buf) >= _CHUNK:

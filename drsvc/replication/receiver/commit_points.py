@@ -45,7 +45,9 @@ from ..points.index import (
     Index,
     Point,
     build_image,
+    chain,
     ensure_point_dir,
+    layers,
     member_data,
     read_meta,
     seal,
@@ -284,8 +286,9 @@ def _make_full(layout: PoolLayout, idx: Index, q: Point, vol: str) -> None:
     final = layout.point_image(idx.unit_id, q.generation, vol)
     tmp = layout.staging_image(final)
     build_image(layout, idx, q, vol, tmp)
-    # built from other points' bytes: hashed as built (the image's digests, points.digests)
-    digests.record_image(tmp, layout.point_image_map(idx.unit_id, q.generation, vol), _block_size(layout, idx))
+    base, overlays = chain(layout, idx, q, vol)
+    digests.record_built_image(tmp, layout.point_image_map(idx.unit_id, q.generation, vol), _block_size(layout, idx),
+                               base, layers(overlays))
     os.replace(tmp, final)
 
 

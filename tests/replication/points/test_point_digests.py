@@ -10,11 +10,15 @@ import contextlib
 import os
 from types import SimpleNamespace
 
+import pytest
+
+from drsvc.replication.common import ranges
 from drsvc.replication.common.read_pacer import ReadPacer
 from drsvc.replication.control.scrub_points import PointsCheck
 from drsvc.replication.points import undo_log
 from drsvc.replication.points.index import UNDO, member_data, read_meta, undo_map
 from drsvc.replication.points.restore import take_over
+from drsvc.replication.receiver import commit_points
 
 from .test_point_history import Unit
 
@@ -117,3 +121,71 @@ def test_a_sealed_image_takes_the_replica_map_and_a_flip_in_it_is_found(xfs_mod)
     got = _check(u)
     assert got["damaged_points"] == [gen], got
     assert [(d["data"], d["offset"], d["file_offset"]) for d in got["damaged"]] == [("full", data_at, data_at)]
+
+
+@pytest.mark.parametrize("share", [True, False], ids=["reflink", "copy"])
+def test_a_damaged_range_a_fold_moves_stays_found_in_the_point_it_moves_to(xfs_mod, monkeypatch, share):
+    """A prune folds the pruned point's ranges into the older point's log (``commit_points.
+    fold``, run here as the receiver runs it), by reflink where a run is long enough and by
+    copy where not, or where the filesystem shares nothing (the second case refuses every
+    FICLONERANGE). Either way the older log takes the digests recorded as the source was
+    written, not digests of the bytes the fold read: a byte flipped in the pruned point's log
+    is found by a verify afterwards in the point that now holds it too."""
+    u = Unit(xfs_mod, seed=15)
+    _history(u, 4)
+    logs = list(_undo_members(u))
+    (qgen, v, qmap), (pgen, _, pmap) = logs[1], logs[2]
+    moved = undo_log.clip(pmap, ranges.subtract(undo_log.covered(pmap), undo_log.covered(qmap)))
+    rows = [(int(off), int(ln), int(pos)) for off, ln, pos in moved.tolist() if pos >= 0]
+    assert rows
+    for _off, ln, pos in rows:                   # a byte in every range the fold moves
+        _flip(u.layout.point_undo(u.unit, pgen, v), pos + min(ln - 1, 17))
+    assert _check(u)["damaged_points"] == [pgen]
+
+    if not share:
+        monkeypatch.setattr(undo_log, "_clone", lambda *a: False)
+    idx = u.index()
+    by_gen = {p.generation: p for p in idx.points}
+    commit_points.fold(u.layout, idx, by_gen[pgen], by_gen[qgen])
+    monkeypatch.undo()
+    got = _check(u)
+    assert got["damaged_points"] == [qgen, pgen], got
+    found = sorted(d["offset"] for d in got["damaged"] if d["point"] == qgen)
+    assert found == sorted(off + min(ln - 1, 17) // 4096 * 4096 for off, ln, _pos in rows), (found, rows)
+
+
+@pytest.mark.parametrize("damaged", [False, True], ids=["clean", "damaged"])
+def test_a_point_made_whole_by_a_fold_takes_its_sources_digests(xfs_mod, damaged):
+    """A pruned point kept as a whole image makes the older point whole too (``commit_points.
+    fold`` builds its image from the newer image and its own undo log). The new image's map
+    comes from the digests recorded for those sources: clean sources verify clean, and a
+    byte flipped in the newer image or in the undo log before the fold is found in the
+    new image afterwards, at its volume offset."""
+    u = Unit(xfs_mod, seed=16)
+    gen = _history(u, 3)
+    take_over(u.b, u.unit)                       # the newest point becomes a whole image
+    idx = u.index()
+    by_gen = {p.generation: p for p in idx.points}
+    p, q = by_gen[gen], by_gen[gen - 1]
+    qmap = undo_map(read_meta(u.layout, u.unit, q.generation), "v")
+    data = qmap[qmap[:, 2] >= 0]
+    want = []
+    if damaged:
+        off, ln, pos = (int(x) for x in data[len(data) // 2])
+        _flip(u.layout.point_undo(u.unit, q.generation, "v"), pos + min(ln - 1, 9))
+        want.append(off + min(ln - 1, 9) // 4096 * 4096)
+        # a block of the newer image the undo log does not cover
+        laid = undo_log.covered(qmap)
+        image = u.layout.point_image(u.unit, p.generation, "v")
+        with open(image, "rb") as f:
+            blocks = iter(lambda: f.read(4096), b"")
+            at = next(i * 4096 for i, blk in enumerate(blocks) if any(blk)
+                      and not len(ranges.intersect(laid, ranges.from_pairs([(i * 4096, i * 4096 + 4096)]))[0]))
+        _flip(image, at + 5)
+        want.append(at)
+    commit_points.fold(u.layout, idx, p, q)
+    assert member_data(read_meta(u.layout, u.unit, q.generation), "v") == "full"
+    got = _check(u)
+    found = sorted(d["offset"] for d in got["damaged"] if d["point"] == q.generation)
+    assert found == sorted(want), got
+    assert not got["unverifiable"], got
