@@ -266,6 +266,11 @@ class PointKnownBad(PreconditionFailed):
                 "{action} with force to take it as it is")
 
 
+class RepairAsked(PreconditionFailed):
+    template = ("the replica of {unit_id} asks for a repair: the blocks its verify found differing go "
+                "with the next delta, which must name them")
+
+
 class PeerNotDemoted(PreconditionFailed):
     template = "the peer has not demoted {unit_id} at this site's generation {generation}"
 

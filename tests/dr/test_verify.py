@@ -126,13 +126,17 @@ def test_a_flipped_byte_is_found_refuses_a_promote_and_the_repair_sends_one_bloc
         asked = b.verify(volume_id=vid, repair=True, wait=120)
         assert asked["result"] == "mismatch" and asked["repair_requested"]
         assert b.status(volume_id=vid)["status"] == "VERIFY_FAILED"         # until the repair commits
+        assert find_state(sb.pool, vid).repair["runs"] == {vid: [[off - off % BS, BS] for off in offsets]}
         a.until_done(lambda: a.sync_now(volume_id=vid, wait=60), wait=90)
-        # the compare sync re-sends the differing blocks only: one block per flipped byte (the
-        # data block as data, the block of zeros as a zero record)
+        # the next delta re-sends the differing blocks by name, nothing else: one block per
+        # flipped byte (the data block as data, the block of zeros as a zero record); the
+        # primary's one-flight begin was refused once, for the status that names them
         rep = find_state(sa.pool, vid).reports[-1]
-        assert rep["mode"] == "compare", rep
+        assert rep["mode"] == "delta" and rep["repair"], rep
         assert (rep["bytes_changed"], rep["bytes_zeroed"]) == (BS, BS), rep
+        assert rep["bytes_scanned"] <= 4 * BS, rep          # no read of the whole copy, at either end
         assert rep["bytes_on_wire"] < 4 * BS + (16 << 10), rep
+        assert not find_state(sb.pool, vid).repair
         acked = find_state(sa.pool, vid).generation
         assert file_sha(PoolLayout(sa.pool).snap_dir(vid, acked) / f"{vid}.img") == image_sha(sb, vid)
         st = b.status(volume_id=vid)

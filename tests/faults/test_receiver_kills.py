@@ -165,8 +165,8 @@ def worker_path_kills(lab, rnd, rounds):
 
 def repair_kills(lab, rnd):
     """A verify at b finds bytes flipped in its replica and asks for the repair; the
-    primary's compare syncs that carry it (with a few new writes each) are killed at each
-    commit point of the receiver. The replica is always whole: the damaged copy until a
+    primary's syncs that carry it (deltas naming the blocks, with a few new writes each) are
+    killed at each commit point of the receiver. The replica is always whole: the damaged copy until a
     repair commits, a generation of the primary after; the last sync converges, and a verify
     is clean."""
     from drsvc_cli.client import DrClient

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import uuid
 from dataclasses import dataclass, field
 
 from ... import schedule_changes, store
@@ -39,6 +40,9 @@ class UnitState:
     updated_at: float = 0.0
     diverged: bool = False             # demoted holding writes the peer lacks: no deltas until resync
     resync_requested: bool = False     # receiver: the next sync must be a compare sync
+    # receiver: a verify's repair asked for, {"id", "generation", "runs": {volume: [[offset,
+    # length]]}}: the primary's next delta re-sends those blocks too, and its commit clears it
+    repair: dict = field(default_factory=dict)
     origin: dict = field(default_factory=dict)  # receiver: the primary's site, schedule and volumes
     received: list = field(default_factory=list)  # receiver: receive records, newest last (health.py)
     receiving_since: float = 0.0       # receiver: the first commit this site received in its current role
@@ -158,6 +162,15 @@ def request_resync(pool, unit_id: str) -> UnitState:
     return _locked_update(pool, unit_id, change)
 
 
+def request_repair(pool, unit_id: str, generation: int, runs: dict) -> UnitState:
+    """A verify asks the primary to re-send these mismatched block runs with its next delta."""
+    def change(st):
+        if st.role != "secondary":
+            raise InvalidParameter(key="role", reason=f"{unit_id} is {st.role}; only a secondary is repaired")
+        st.repair = {"id": uuid.uuid4().hex, "generation": generation, "runs": runs}
+    return _locked_update(pool, unit_id, change)
+
+
 def promote(pool, unit_id: str) -> UnitState:
     """Become primary in a new epoch: deltas from the previous epoch are fenced off."""
     def change(st):
@@ -166,4 +179,5 @@ def promote(pool, unit_id: str) -> UnitState:
         st.receiving_since = 0.0
         st.demoted, st.demoted_at, st.peer_demoted_at = False, None, None
         st.diverged = st.resync_requested = False
+        st.repair = {}
     return _locked_update(pool, unit_id, change)

@@ -361,7 +361,8 @@ class ReplicationJobs:
 
     def run_verify(self, unit_id: str, *, repair: bool = False, trigger: str = "demand") -> dict:
         """Verify (scrub) the replica held here; with *repair* (or the site's verify_repair on a
-        scheduled run), mismatches ask the primary for a compare sync that re-sends them."""
+        scheduled run), mismatches ask the primary to re-send them: by name with its next delta
+        when they are few (``scrub_plan.REPAIR_RUNS``), else by a compare sync."""
         from .scrub import Scrub
         st = unit_state.get_state(self.pool, unit_id)
         if st.role != "secondary":
@@ -370,6 +371,7 @@ class ReplicationJobs:
         if c is None:
             raise PeerNotRecorded(unit_id=unit_id)
         run = Scrub(self.pool, unit_id, lambda: self.peers(c.peer), read_rate=self.cfg.verify_read_rate).run()
+        runs = run.pop("repair_runs")
         record = VerifyRecord.find(self.pool, unit_id)
         record.add(run)
         repair = repair or (trigger == "schedule" and self.cfg.verify_repair)
@@ -380,9 +382,15 @@ class ReplicationJobs:
             log.warning("verify of %s: %d block(s) of generation %d differ (first %s)", unit_id,
                         run["mismatched_blocks"], run["generation"], run["mismatches"][:3])
             if repair:
-                unit_state.request_resync(self.pool, unit_id)
-                record.ask_repair()
-                log.info("verify of %s: repair asked for (the primary's next sync compares)", unit_id)
+                # the runs by name when they are few: the next delta carries them; else the
+                # next sync is a compare sync, which diffs every block of the copy
+                if runs is not None:
+                    unit_state.request_repair(self.pool, unit_id, run["generation"], runs)
+                else:
+                    unit_state.request_resync(self.pool, unit_id)
+                record.ask_repair(by="delta" if runs is not None else "compare")
+                log.info("verify of %s: repair asked for (the primary's next sync %s)", unit_id,
+                         "re-sends the blocks" if runs is not None else "compares")
         else:
             log.info("verify of %s at generation %d: %s, %d bytes read in %.1fs", unit_id, run["generation"],
                      run["result"], run["bytes_read"], run["duration_s"])

@@ -23,7 +23,7 @@ from ..common.unit_state import UnitState
 from ..points import index as points
 from ..sender.progress import progress_path
 from .relationship import Control
-from .verify_record import judge
+from .verify_record import judge, repair_pending
 
 MISSING = ("missing",)
 
@@ -113,7 +113,7 @@ class RecordCache:
         return self.get(self._unit_path(unit_id, "verify"), lambda p: store.read_doc(p) or {}) or {}
 
     def judge_verify(self, st: UnitState) -> dict:
-        return judge(self.verify_doc(st.unit_id), generation=st.generation, resync_requested=st.resync_requested)
+        return judge(self.verify_doc(st.unit_id), generation=st.generation, repair_asked=repair_pending(st))
 
     def points_summary(self, unit_id: str) -> tuple:
         """(points, their recorded unique bytes, the whole images they hold, the newest point's

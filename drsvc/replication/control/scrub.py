@@ -22,9 +22,11 @@ through a rate cap (``ReadPacer``, the site's ``verify_read_rate``), waited out 
 lock let go.
 
 The outcome is ``verify.json`` (``VerifyRecord``): the last run, the last failure (kept
-until a complete clean run or a repair), and a repair asked for. A repair asks the primary
-for a compare sync (``unit_state.request_resync``): its next sync diffs its capture against
-this replica's block hashes and ships the differing blocks in one ordinary transaction.
+until a complete clean run or a repair), and a repair asked for. A repair names the
+differing block runs to the primary (``unit_state.request_repair``): its next delta re-sends
+them beside what changed, in one ordinary transaction. Too many runs to name
+(``scrub_plan.REPAIR_RUNS``): a compare sync (``unit_state.request_resync``), which diffs
+the primary's capture against every block of this replica.
 """
 from __future__ import annotations
 
@@ -118,7 +120,7 @@ class Scrub:
                 "end_generation": self.end_generation or self.st0.generation,
                 "started_at": t0, "finished_at": time.time(), "duration_s": round(time.time() - t0, 3),
                 "result": result, "replica_result": replica, "complete": complete, "mismatched_blocks": f.blocks,
-                "mismatches": named, "points": pts,
+                "mismatches": named, "points": pts, "repair_runs": f.runs if f.blocks else {},
                 "checked": {"recorded": self.recorded, "primary": self.primary is not None},
                 "skipped_blocks": f.skipped, "bytes_read": self.pacer.done, "windows": self.windows,
                 "read_rate": self.pacer.rate, "notes": self.notes}

@@ -11,6 +11,7 @@ from ..common.blockmap import DIGEST, block_count
 
 WINDOW_BYTES = 32 << 20      # image bytes read under the unit's lock at a time
 NAMED = 16                   # mismatched ranges a record names (the count covers every block)
+REPAIR_RUNS = 1024           # mismatched runs a repair ships by name; more: a compare sync
 
 
 def plan_windows(size: int, block_size: int, window_bytes: int = WINDOW_BYTES) -> list[tuple[int, int]]:
@@ -69,12 +70,18 @@ class Findings:
     blocks: int = 0
     skipped: int = 0
     named: list = field(default_factory=list)
+    # every mismatched run, volume -> [[offset, length]], for a repair; None: too many (or a
+    # member compared whole), the repair is a compare sync
+    runs: dict | None = field(default_factory=dict)
+    _nruns: int = 0
 
     def add(self, vol: str, first: int, size: int, block_size: int, v: Verdict, *,
             recorded_generation: int, primary_generation: int) -> None:
         self.skipped += len(v.rewritten)
         bad = v.bad
         self.blocks += len(bad)
+        if len(bad):
+            self._runs(vol, first, size, block_size, bad)
         if not len(bad) or len(self.named) >= NAMED:
             return
         rec, pri = set(v.against_recorded.tolist()), set(v.against_primary.tolist())
@@ -84,9 +91,26 @@ class Findings:
             off = (first + b) * block_size
             self._name(vol, off, min(block_size, size - off), against, gen)
 
+    def _runs(self, vol: str, first: int, size: int, block_size: int, bad) -> None:
+        if self.runs is None:
+            return
+        got = self.runs.setdefault(vol, [])
+        for b in bad.tolist():
+            off = (first + b) * block_size
+            length = min(block_size, size - off)
+            if got and got[-1][0] + got[-1][1] == off:
+                got[-1][1] += length
+                continue
+            self._nruns += 1
+            if self._nruns > REPAIR_RUNS:
+                self.runs = None
+                return
+            got.append([off, length])
+
     def whole(self, vol: str, size: int, block_size: int, against: str, generation: int, reason: str) -> None:
         """A member that cannot be compared block by block (absent, or of another size)."""
         self.blocks += max(1, block_count(size, block_size))
+        self.runs = None
         self.named.append({"volume": vol, "offset": 0, "length": size, "against": against,
                            "generation": generation, "reason": reason})
 

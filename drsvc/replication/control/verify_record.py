@@ -43,22 +43,29 @@ class VerifyRecord:
         d["runs_total"] = int(d.get("runs_total") or 0) + 1
         store.write_doc(self.path, d)
 
-    def ask_repair(self) -> None:
-        self.doc["repair"] = {"requested_at": time.time(),
+    def ask_repair(self, by: str = "compare") -> None:
+        """*by*: how the primary re-sends the blocks (``delta``: by name; ``compare``)."""
+        self.doc["repair"] = {"requested_at": time.time(), "by": by,
                               "generation": (self.doc.get("failure") or {}).get("generation", 0)}
         store.write_doc(self.path, self.doc)
 
     def judge(self, st) -> dict:
         """What the status says of the unit's verify, given its state now (pure of the record)."""
-        return judge(self.doc, generation=st.generation, resync_requested=st.resync_requested)
+        return judge(self.doc, generation=st.generation, repair_asked=repair_pending(st))
 
 
-def judge(doc: dict, *, generation: int, resync_requested: bool) -> dict:
-    """failed: mismatches known and not repaired; repaired: a compare sync committed after the
-    repair was asked for (the resync request is cleared by its commit, at a newer generation)."""
+def repair_pending(st) -> bool:
+    """Whether a repair asked of the primary has not committed yet (either kind)."""
+    return bool(st.resync_requested or st.repair)
+
+
+def judge(doc: dict, *, generation: int, repair_asked: bool) -> dict:
+    """failed: mismatches known and not repaired; repaired: the sync that re-sent them committed
+    after the repair was asked for (*repair_asked*, ``repair_pending``, is cleared by its
+    commit, at a newer generation)."""
     fail, rep = doc.get("failure"), doc.get("repair")
     pts = doc.get("points") or {}
-    repaired = bool(fail and rep and not resync_requested and generation > int(fail.get("generation") or 0))
+    repaired = bool(fail and rep and not repair_asked and generation > int(fail.get("generation") or 0))
     damaged = [int(g) for g in pts.get("damaged_points") or ()]
     out = {"last_verify_at": float(doc.get("last_complete_at") or 0.0),
            "failed": (bool(fail) and not repaired) or bool(damaged), "replica_failed": bool(fail) and not repaired,

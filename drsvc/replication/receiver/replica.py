@@ -97,6 +97,8 @@ def record_generation(layout: PoolLayout, tx: dict, *, began: float | None = Non
         st.peer_demoted_at = tx["target"]
     if tx["mode"] == "compare":
         st.diverged = st.resync_requested = False
+    if tx["mode"] == "compare" or (st.repair and tx.get("repair") == st.repair.get("id")):
+        st.repair = {}          # the blocks a verify found were re-sent: the repair is done
     if tx.get("origin"):
         st.origin = tx["origin"]
         unit_origin.ensure_replicas(layout.root, tx["unit"], tx["kind"], tx["origin"])
@@ -121,7 +123,8 @@ def status_of(layout: PoolLayout, unit_id: str, journal: Journal | None = None) 
         msg.update(role=st.role, generation=st.generation, epoch=st.epoch, txid=st.txid,
                    members=st.members, sizes=st.sizes, kind=st.kind, block_size=st.block_size,
                    peer_demoted_at=st.peer_demoted_at, demoted=st.demoted,
-                   diverged=st.diverged, resync_requested=st.resync_requested)
+                   diverged=st.diverged, resync_requested=st.resync_requested,
+                   repair=st.repair or None)
     j = journal or Journal(layout, unit_id)
     if j.tx or j.load():
         msg["journal"] = {"txid": j.tx["txid"], "base": j.tx["base"], "target": j.tx["target"],

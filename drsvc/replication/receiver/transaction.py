@@ -35,6 +35,7 @@ from ...errors import (
     PeerUnreachable,
     ProtocolError,
     ReplicaIsPrimary,
+    RepairAsked,
     ReplicationConflict,
     RoundUndecided,
     StaleEpoch,
@@ -54,7 +55,8 @@ from .undo_copy import UndoAhead
 
 RESUME_KEY = ("unit", "txid", "base", "target")    # a journal resumes only for the same transaction
 # what a one-flight begin is refused with (answered ``refused``, the conversation goes on)
-REFUSALS = (ReplicaIsPrimary, StaleEpoch, BaseMismatch, ReplicationConflict, RoundUndecided, ImageInUse)
+REFUSALS = (ReplicaIsPrimary, StaleEpoch, BaseMismatch, ReplicationConflict, RoundUndecided, ImageInUse,
+            RepairAsked)
 MAX_STRIPES = 64
 STRIPE_WAIT = 60.0     # seconds the trailer waits for stripes that make no progress
 
@@ -96,7 +98,8 @@ def parse_tx(msg: dict) -> dict:
               "captured_at": float(msg["captured_at"]) if msg.get("captured_at") is not None else None,
               "version": version, "stripes": _stripes(msg, version),
               "one_flight": bool(msg.get("one_flight")) and version >= 4,
-              "planned_bytes": max(0, int(msg.get("planned_bytes") or 0))}
+              "planned_bytes": max(0, int(msg.get("planned_bytes") or 0)),
+              "repair": check_id(msg["repair"], "repair id") if msg.get("repair") else None}
     except (KeyError, TypeError, ValueError) as e:
         raise ProtocolError(reason=f"bad begin message: {e!r}") from None
     if not members or len(members) > 0xFFFF or len({m["volume_id"] for m in members}) != len(members):
@@ -122,6 +125,11 @@ def validate_begin(layout: PoolLayout, tx: dict) -> None:
                                                           "demoted; it takes only a compare sync (ResyncVolume)")
     elif tx["base"] != have:
         raise BaseMismatch(unit_id=unit_id, have=have, base=tx["base"])
+    elif st is not None and st.repair and tx["one_flight"] and tx.get("repair") != st.repair.get("id"):
+        # a flight sent without reading the status: it is refused with the status, which
+        # names the runs, and the sender plans them in (a sender that read the status and
+        # sent no repair is an older one: its delta is taken, the repair stays asked for)
+        raise RepairAsked(unit_id=unit_id)
     if tx["target"] <= tx["base"] and tx["mode"] != "compare":
         raise ProtocolError(reason="target generation must follow the base")
     _check_base_sizes(layout, tx)

@@ -28,7 +28,7 @@ from ...host.freeze import MountsHeld, no_mounts
 from ...host.reflink import data_ranges
 from ...layout import PoolLayout
 from ..common import ranges
-from ..common.blockmap import BlockMap, EmptyMap, copy_map
+from ..common.blockmap import DIGEST, BlockMap, EmptyMap, copy_map
 from ..common.unit_state import UnitState
 from . import capture_feed
 from . import changes as planner
@@ -53,20 +53,26 @@ class MemberBase:
 
 class Baseline:
     """The base of every member: the acked generation (delta) or the peer's block maps
-    (compare: volume_id -> (exists, size, map path), as ``receiver_client.read_maps`` gives)."""
+    (compare: volume_id -> (exists, size, map path), as ``receiver_client.read_maps`` gives).
+    *repair*: block runs (volume -> [[offset, length]]) the peer's verify found differing from
+    the base: they are planned as changed whatever the base's map says."""
 
-    def __init__(self, layout: PoolLayout, st: UnitState, mode: str, bs: int, peer_maps: dict | None):
+    def __init__(self, layout: PoolLayout, st: UnitState, mode: str, bs: int, peer_maps: dict | None,
+                 repair: dict | None = None):
         self.st, self.mode, self.bs = st, mode, bs
         self.peer_maps = peer_maps or {}
+        self.repair = (repair or {}).get("runs") or {} if mode == "delta" else {}
         self.dir = layout.snap_dir(st.unit_id, st.generation)
         self.meta = {m["volume_id"]: m for m in base_meta(layout, st.unit_id, st.generation).get("members", [])}
 
     def overlay_bases(self, members) -> dict[str, Path]:
-        """Members whose acked base can take an overlay capture: reflinked, mapped, present."""
+        """Members whose acked base can take an overlay capture: reflinked, mapped, present.
+        Not one to repair: an overlay holds only what changed, and a repair reads blocks
+        that did not (a whole capture, planned from the extent maps, reads them)."""
         if self.mode != "delta" or self.st.generation <= 0:
             return {}
         return {vol: self.dir / f"{vol}.img" for vol in members
-                if vol in self.st.members and self.meta.get(vol, {}).get("reflinked")
+                if vol in self.st.members and vol not in self.repair and self.meta.get(vol, {}).get("reflinked")
                 and (self.dir / f"{vol}.img").exists() and (self.dir / f"{vol}.map").exists()}
 
     def member(self, vol: str) -> MemberBase:
@@ -79,7 +85,19 @@ class Baseline:
                 and mp.exists() and img.exists()):
             return MemberBase(True, 0, EmptyMap(self.bs))
         base_map = BlockMap.open(mp)
+        if self.repair.get(vol):
+            return MemberBase(False, base_map.size, RepairedMap(base_map, self.repair[vol]), img, mp)
         return MemberBase(False, base_map.size, base_map, img, mp)
+
+    def changes(self, vol: str, ms: planner.MemberScan, size: int) -> planner.MemberScan:
+        """*ms* with the member's repair runs hashed too (and not cleared)."""
+        runs = self.repair.get(vol)
+        if not runs:
+            return ms
+        want = ranges.round_out(ranges.from_pairs([(o, o + n) for o, n in runs]), self.bs, size)
+        scan = ranges.union(ranges.from_pairs(ms.scan), want)
+        return planner.MemberScan(scan=ranges.pairs(scan),
+                                  clear=ranges.pairs(ranges.subtract(ranges.from_pairs(ms.clear), scan)))
 
     def fiemap_diff(self, vol: str, cap: Captured, base: MemberBase) -> bool:
         """Both sides reflinked from one image: shared extents are unchanged blocks."""
@@ -87,8 +105,33 @@ class Baseline:
                 and self.meta.get(vol, {}).get("reflinked", False))
 
 
+class RepairedMap:
+    """A base's block map that reads as unknown over the runs to repair: the plan compares
+    its fresh digests with it, so those blocks are sent whatever they hold (zeros too)."""
+
+    UNKNOWN = b"\xff" * 16       # no block's digest (ZERO is all zeros)
+
+    def __init__(self, inner: BlockMap, runs):
+        self.inner, self.block_size, self.size = inner, inner.block_size, inner.size
+        bs = inner.block_size
+        self.blocks = sorted((o // bs, -(-(o + n) // bs)) for o, n in runs)
+
+    def read(self, first: int, count: int) -> bytes:
+        got = self.inner.read(first, count)
+        hit = [(max(a, first), min(b, first + count)) for a, b in self.blocks if a < first + count and b > first]
+        if not hit:
+            return got
+        out = bytearray(got)
+        for a, b in hit:
+            out[(a - first) * DIGEST:(b - first) * DIGEST] = self.UNKNOWN * (b - a)
+        return bytes(out)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 def prepare(layout: PoolLayout, st: UnitState, members, *, mounts: MountsHeld = no_mounts, bs: int, txid: str,
-            target: int, base_generation: int, mode: str, peer_maps: dict | None = None,
+            target: int, base_generation: int, mode: str, peer_maps: dict | None = None, repair: dict | None = None,
             cut: Cut | None = None, sources: dict | None = None, pipelined: bool = False,
             wire_rate: float = 0.0, one_channel=None) -> Prepared:
     """Capture and plan one generation into a private directory. cut: the group spans
@@ -105,14 +148,14 @@ def prepare(layout: PoolLayout, st: UnitState, members, *, mounts: MountsHeld = 
     tmp = layout.snap_root(st.unit_id) / f"tmp-{txid}"
     t0 = time.monotonic()
     captured_at = time.time()          # the origin's capture instant (receive records, data age)
-    baseline = Baseline(layout, st, mode, bs, peer_maps)
+    baseline = Baseline(layout, st, mode, bs, peer_maps, repair)
     bases = baseline.overlay_bases(members)
     timings: dict = {}
     meet = (lambda: cut.frozen(st.epoch, st.generation)) if cut is not None else None
     head = {"txid": txid, "generation": target, "base_generation": base_generation, "mode": mode,
-            "block_size": bs, "captured_at": captured_at}
+            "block_size": bs, "captured_at": captured_at, "repair": (repair or {}).get("id") if baseline.repair else None}
     follow = None
-    if (pipelined and mode == "delta" and cut is None and not sources and members and set(bases) == set(members)
+    if (pipelined and not baseline.repair and mode == "delta" and cut is None and not sources and members and set(bases) == set(members)
             and _may_follow(wire_rate, one_channel)):
         follow = capture_feed.Follow(lambda est, sizes, dest: _early_intent(layout, st, baseline, members, head, est,
                                                                          sizes, dest, wire_rate, one_channel))
@@ -351,6 +394,7 @@ def plan_member(idx: int, cap: Captured, baseline: Baseline, tmp: Path, pw: Plan
                     ms, fiemapped = cap.scan, True
                 else:
                     ms, fiemapped = _find_changes(fd, size, base, bs, baseline.fiemap_diff(vol, cap, base))
+                ms = baseline.changes(vol, ms, size)
                 scan_member(idx, fd, size, base.map, new_map, from_base, ms, bs, pw, stats)
                 new_map.fsync()
             finally:

@@ -33,6 +33,7 @@ class SyncReport:
     early: bool = False              # ... and while the capture still cloned (capture_feed)
     round_trips: int = 0             # replies waited for (each a round trip), every attempt
     channels_opened: int = 0         # fresh receivers started (a few round trips each over SSH)
+    repair: bool = False             # re-sent the blocks a verify at the peer found differing
 
     @property
     def throughput(self) -> float:

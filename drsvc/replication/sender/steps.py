@@ -39,12 +39,13 @@ def prepare_for(a: Attempt, **kw) -> Prepared:
                    sources=j.sources, **kw)
 
 
-def prepare_delta(a: Attempt, *, pipelined: bool = False) -> Prepared:
+def prepare_delta(a: Attempt, *, pipelined: bool = False, repair: dict | None = None) -> Prepared:
     """The next generation, planned against the acked base (pipelined: still planning when
-    returned, ``prepare.prepare``)."""
+    returned, ``prepare.prepare``); *repair*: the peer's repair request, whose block runs it
+    re-sends too."""
     j = a.job
     return prepare_for(a, txid=uuid.uuid4().hex, target=a.st.generation + 1,
-                       base_generation=a.st.generation, mode="delta", pipelined=pipelined,
+                       base_generation=a.st.generation, mode="delta", pipelined=pipelined, repair=repair,
                        wire_rate=wire_rate(j) if pipelined else 0.0,
                        one_channel=lambda planned: one_channel(planned, rtt=j.peer.rtt(), link=j.link or j.peer.link,
                                                                bwlimit=rate_of(j.bandwidth)))
@@ -126,6 +127,12 @@ class Sync(Step):
     ships = True
 
     def run(self, a: Attempt) -> None:
+        repair = a.peer_st.get("repair") if a.peer_st else None
+        if repair:           # the blocks a verify there found go too: a plan that names them
+            a.drop_early()
+            a.prepared = prepare_delta(a, repair=repair)
+            a.report.repair = True
+            return
         a.prepared, a.early = a.early or prepare_delta(a), None
 
 

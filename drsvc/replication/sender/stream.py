@@ -34,7 +34,7 @@ def transaction(meta: dict, *, kind: str, epoch: int, demote: bool, origin: dict
             "target": meta["generation"], "epoch": epoch, "block_size": meta["block_size"],
             "mode": meta["mode"], "force": meta["mode"] == "compare", "demote": demote,
             "peer": (origin or {}).get("site") or os.uname().nodename, "origin": origin,
-            "captured_at": meta.get("captured_at"),
+            "captured_at": meta.get("captured_at"), "repair": meta.get("repair"),
             "two_phase": two_phase, "round": meta.get("round") if two_phase else None,
             "members": [{k: m[k] for k in ("volume_id", "size", "base_size", "fresh")}
                         for m in meta["members"]]}

@@ -121,17 +121,17 @@ FAIL = {"generation": 5, "mismatched_blocks": 2, "result": "mismatch",
 
 
 def test_a_failure_stands_until_a_repair_commits_a_newer_generation():
-    v = judge({"failure": FAIL, "last_complete_at": 50.0}, generation=5, resync_requested=False)
+    v = judge({"failure": FAIL, "last_complete_at": 50.0}, generation=5, repair_asked=False)
     assert v["failed"] and v["mismatched_blocks"] == 2 and v["generation"] == 5
     assert "vol-a@4096" in v["message"] and "--repair" in v["message"]
     # a later ordinary sync does not clear it: the bad block may be one it did not touch
-    assert judge({"failure": FAIL}, generation=6, resync_requested=False)["failed"]
+    assert judge({"failure": FAIL}, generation=6, repair_asked=False)["failed"]
     asked = {"failure": FAIL, "repair": {"requested_at": 60.0, "generation": 5}}
-    v = judge(asked, generation=5, resync_requested=True)
+    v = judge(asked, generation=5, repair_asked=True)
     assert v["failed"] and v["repair_pending"] and "waiting for the primary's compare sync" in v["message"]
-    v = judge(asked, generation=6, resync_requested=False)
+    v = judge(asked, generation=6, repair_asked=False)
     assert not v["failed"] and v["repaired"] and v["message"] == ""
-    assert not judge({}, generation=3, resync_requested=False)["failed"]
+    assert not judge({}, generation=3, repair_asked=False)["failed"]
 
 
 POINTS = {"damaged_points": [7], "bad_blocks": 1, "unverifiable": [{"point": 3, "volume": "vol-a", "bytes": 8192}],
@@ -140,17 +140,17 @@ POINTS = {"damaged_points": [7], "bad_blocks": 1, "unverifiable": [{"point": 3, 
 
 
 def test_a_damaged_point_fails_the_verify_past_a_repair_and_bars_promotes_through_it():
-    v = judge({"points": POINTS}, generation=9, resync_requested=False)
+    v = judge({"points": POINTS}, generation=9, repair_asked=False)
     assert v["failed"] and not v["replica_failed"] and v["damaged_points"] == [7] and v["unverifiable_points"] == [3]
     assert "point 7 vol-a@1048576" in v["message"] and "cannot be repaired" in v["message"]
     assert v["message"].startswith("VERIFY_FAILED: recovery point(s) 7 damaged")
     # a repair of the replica clears its failure, not the point's damage
     both = {"failure": FAIL, "repair": {"requested_at": 60.0, "generation": 5}, "points": POINTS}
-    v = judge(both, generation=6, resync_requested=False)
+    v = judge(both, generation=6, repair_asked=False)
     assert v["repaired"] and not v["replica_failed"] and v["failed"] and "recovery point(s) 7" in v["message"]
     # an image of point 7 or older is built through 7; a newer one, or the replica, is not
     assert [point_known_bad(v, g) for g in (5, 7, 8)] == [7, 7, None]
-    clean = judge({"points": {**POINTS, "damaged_points": [], "damaged": []}}, generation=9, resync_requested=False)
+    clean = judge({"points": {**POINTS, "damaged_points": [], "damaged": []}}, generation=9, repair_asked=False)
     assert not clean["failed"] and clean["message"] == "" and clean["unverifiable_points"] == [3]
 
 
