@@ -11,7 +11,7 @@ from drsvc.config import parse
 from drsvc.errors import ConfigInvalid, InvalidParameter
 from drsvc.replication.common.blockmap import DIGEST, ZERO, block_count, digest_blocks, hash_image, hash_range
 from drsvc.replication.common.read_pacer import ReadPacer
-from drsvc.replication.control.scrub_plan import Findings, compare_window, plan_windows
+from drsvc.replication.control.scrub_plan import REPAIR_RUNS, Findings, compare_window, plan_windows
 from drsvc.replication.control.verify_record import judge, point_known_bad
 from drsvc.schedule import parse_verify_interval
 
@@ -83,6 +83,28 @@ def test_findings_count_every_block_and_name_the_first_ranges_joined():
         f.add("vol-b", 2 * i, 1 << 30, 4096, compare_window(_d(9), recorded=_d(1)),
               recorded_generation=8, primary_generation=7)
     assert f.blocks == 43 and len(f.named) == 16
+
+
+def test_findings_keep_every_run_for_a_repair_until_too_many():
+    """The repair names every differing run (not only the first 16 the record names), joined
+    where blocks follow each other; past REPAIR_RUNS runs, or a member compared whole, there
+    is no list and the repair is a compare sync."""
+    f = Findings()
+    f.add("a", 10, 1 << 20, 4096, compare_window(_d(9, 9, 1, 9), recorded=_d(1, 1, 1, 1)),
+          recorded_generation=7, primary_generation=7)
+    for i in range(40):
+        f.add("b", 2 * i, 1 << 30, 4096, compare_window(_d(9), recorded=_d(1)),
+              recorded_generation=8, primary_generation=7)
+    assert f.runs["a"] == [[10 * 4096, 2 * 4096], [13 * 4096, 4096]]
+    assert f.runs["b"] == [[2 * i * 4096, 4096] for i in range(40)]
+    many = Findings()
+    for i in range(REPAIR_RUNS + 1):
+        many.add("v", 2 * i, 1 << 40, 4096, compare_window(_d(9), recorded=_d(1)),
+                 recorded_generation=3, primary_generation=3)
+    assert many.runs is None and many.blocks == REPAIR_RUNS + 1
+    whole = Findings()
+    whole.whole("v", 1 << 20, 4096, "primary", 3, "absent")
+    assert whole.runs is None
 
 
 def test_the_last_short_block_is_named_with_its_length():
