@@ -32,6 +32,13 @@ only those that changed), and --creates-under-load CreateVolume calls timed.
 --growth 600,2000,5000 measures a window at each size on one lab (volumes are added between
 windows), and prints one table row per size, to show which figures grow with the units.
 
+--site-failover (last): site a is lost while its units replicate (every process of it,
+its Redis included, killed -9), and `drsvc promote --all --force` at site b takes over
+every unit, as a DR runbook does. It reports the takeover's wall time, one promote's
+p50/p99, the units primary at b afterwards, any promoted twice (an epoch moved by more than
+one) or not at all, and --verify replicas checksummed against the generation a had acked
+(its snapshot of the generation b holds).
+
 --faults then runs, one at a time on the running lab: kill -9 of one node's worker (and
 restart), one node's sshd stopped at the peer, a restart (SIGKILL) of site a's Redis, kill
 -9 of the controller. For each: which units degraded (not HEALTHY or lag > 1.5x interval),
@@ -48,6 +55,7 @@ import random
 import re
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -303,6 +311,58 @@ class Scale:
                "load_avg_before": [round(x, 2) for x in load0],
                "demote_ms": summary_ms(demote), "promote_ms": summary_ms(promote)}
         log(f"failovers: {json.dumps(out)}")
+        return out
+
+    def site_failover(self, sample: int, parallel: int) -> dict:
+        """Site a lost while its units replicate, then every unit promoted at b with force
+        (``drsvc promote --all --force``, the CLI a runbook runs)."""
+        from drsvc.layout import PoolLayout
+        from drsvc.replication.common.unit_state import find_state
+        from drsvc_lab.nodes import node_components
+        units = sorted(self.vols)
+        before = {v: find_state(self.lab.pool(self.vols[v], "b"), v) for v in units}
+        run = self.lab.run_of("a")
+        t_lost = time.time()
+        for c in reversed(node_components(run.cfg)):
+            run.stop(c, sig=signal.SIGKILL)
+        self.lab.stop_redis("a")
+        self.stop.set()                      # the writer's images are a's: they are gone with it
+        log(f"site a lost (killed in {time.time() - t_lost:.1f}s); promote --all --force at b")
+        t = time.perf_counter()
+        p = subprocess.run([sys.executable, "-m", "drsvc_cli.main", "promote", "--all", "--force", "--json",
+                            "--parallel", str(parallel), "--wait", "600", "--config", str(self.lab.config_of("b"))],
+                           capture_output=True, text=True, timeout=3600)
+        wall = time.perf_counter() - t
+        doc = json.loads(p.stdout.strip().splitlines()[-1])
+        summary = doc.get("result") or {}
+        primary = twice = missed = 0
+        for v in units:
+            st = find_state(self.lab.pool(self.vols[v], "b"), v)
+            if st is None or st.role != "primary":
+                missed += 1
+                continue
+            primary += 1
+            twice += st.epoch != (before[v].epoch if before[v] else 0) + 1
+        same = differ = unchecked = 0
+        for v in self.rnd.sample(units, min(sample, len(units))):
+            gen = before[v].generation if before[v] else 0
+            acked = PoolLayout(self.lab.pool(self.vols[v], "a")).snap_dir(v, gen) / f"{v}.img"
+            if not gen or not acked.exists():
+                unchecked += 1
+            elif sha(acked) == sha(self.image(v, "b")):
+                same += 1
+            else:
+                differ += 1
+        out = {"units": len(units), "cli_exit": p.returncode, "takeover_s": round(wall, 2),
+               "cli_s": summary.get("seconds"), "promote_p50_s": summary.get("promote_p50_seconds"),
+               "promote_p99_s": summary.get("promote_p99_seconds"), "promoted": summary.get("promoted"),
+               "failed": summary.get("failed"), "primary_at_b": primary, "not_primary": missed,
+               "promoted_twice": twice, "parallel": parallel,
+               "checksummed": {"same_as_acked": same, "differ": differ, "unchecked": unchecked},
+               "load_avg_after": [round(x, 2) for x in os.getloadavg()]}
+        if p.returncode not in (0, 1):
+            out["cli_error"] = (doc.get("error") or {}).get("message") or p.stderr[-400:]
+        log(f"site failover: {json.dumps(out)}")
         return out
 
     def image(self, vid: str, site: str = "a") -> Path:
@@ -631,6 +691,9 @@ class Scale:
             if a.faults:
                 self.faults()
                 self.checkpoint()
+            if a.site_failover:
+                self.out["site_failover"] = self.site_failover(a.verify, a.promote_parallel)
+                self.checkpoint()
         finally:
             self.stop.set()
             self.paused.clear()
@@ -694,6 +757,9 @@ def main(argv=None) -> int:
     ap.add_argument("--failovers", type=int, default=10,
                     help="planned failovers (Demote at a, Promote at b) timed after the last window")
     ap.add_argument("--faults", action="store_true")
+    ap.add_argument("--site-failover", action="store_true",
+                    help="last: site a killed, then `drsvc promote --all --force` at b, timed and checked")
+    ap.add_argument("--promote-parallel", type=int, default=16, help="promote --all's --parallel")
     ap.add_argument("--fault-hold", type=float, default=30, help="seconds each fault lasts")
     ap.add_argument("--settle-intervals", type=float, default=3.0)
     ap.add_argument("--verify", type=int, default=20, help="affected units checksummed after each fault")
@@ -721,6 +787,11 @@ def main(argv=None) -> int:
               f"PromoteVolume p50 {fo['promote_ms']['p50']} ms p99 {fo['promote_ms']['p99']} ms")
     for f in out["faults"]:
         print(f"fault: {json.dumps(f)}")
+    if sf := out.get("site_failover"):
+        print(f"site failover of {sf['units']} units: promote --all --force at b took {sf['takeover_s']} s "
+              f"(one promote p50 {sf['promote_p50_s']} s, p99 {sf['promote_p99_s']} s); primary at b "
+              f"{sf['primary_at_b']}, not {sf['not_primary']}, promoted twice {sf['promoted_twice']}; "
+              f"replicas against a's acked generation: {sf['checksummed']}")
     if args.json:
         print(json.dumps(out))
     return 0

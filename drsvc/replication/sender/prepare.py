@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy  # noqa: F401 - numpy loads with the sender, not inside a worker's first sync
 
 from ... import store
-from ...errors import CorruptMetadata
+from ...errors import CorruptMetadata, ProtocolError
 from ...failpoints import failpoint
 from ...host.fiemap import fiemap_array
 from ...host.freeze import MountsHeld, no_mounts
@@ -61,7 +61,7 @@ class Baseline:
                  repair: dict | None = None):
         self.st, self.mode, self.bs = st, mode, bs
         self.peer_maps = peer_maps or {}
-        self.repair = (repair or {}).get("runs") or {} if mode == "delta" else {}
+        self.repair = repair_runs(repair) if mode == "delta" else {}
         self.dir = layout.snap_dir(st.unit_id, st.generation)
         self.meta = {m["volume_id"]: m for m in base_meta(layout, st.unit_id, st.generation).get("members", [])}
 
@@ -103,6 +103,19 @@ class Baseline:
         """Both sides reflinked from one image: shared extents are unchanged blocks."""
         return (not base.fresh and self.mode == "delta" and cap.reflinked
                 and self.meta.get(vol, {}).get("reflinked", False))
+
+
+def repair_runs(repair: dict | None) -> dict[str, list[tuple[int, int]]]:
+    """The block runs of a peer's repair request (its status's ``repair``), checked: the
+    peer's word is input like any other."""
+    runs = (repair or {}).get("runs") or {}
+    try:
+        out = {str(vol): [(int(o), int(n)) for o, n in rs] for vol, rs in runs.items()}
+    except (AttributeError, TypeError, ValueError) as e:
+        raise ProtocolError(reason=f"the peer's repair request is malformed: {e}") from None
+    if any(o < 0 or n <= 0 for rs in out.values() for o, n in rs):
+        raise ProtocolError(reason="the peer's repair request names a run out of range")
+    return out
 
 
 class RepairedMap:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from drsvc.errors import ProtocolError
 from drsvc.layout import PoolLayout
 from drsvc.replication.common.blockmap import DIGEST, BlockMap
 from drsvc.replication.common.unit_state import UnitState
 from drsvc.replication.sender.changes import MemberScan
-from drsvc.replication.sender.prepare import Baseline, RepairedMap
+from drsvc.replication.sender.prepare import Baseline, RepairedMap, repair_runs
 
 pytestmark = pytest.mark.fast
 
@@ -39,3 +40,11 @@ def test_the_runs_are_scanned_and_never_cleared(tmp_path):
     assert got.clear == [(4 * BS, 5 * BS), (6 * BS, 8 * BS)]
     assert b.changes("w", ms, 62 * BS) is ms
     assert Baseline(PoolLayout(tmp_path), st, "compare", BS, None, {"runs": {"v": [[0, BS]]}}).repair == {}
+
+
+@pytest.mark.parametrize("bad", [{"runs": {"v": [[0]]}}, {"runs": {"v": [[-4096, 4096]]}}, {"runs": {"v": [[0, 0]]}},
+                                 {"runs": ["v"]}, {"runs": {"v": [["x", 1]]}}])
+def test_a_malformed_repair_request_is_a_protocol_error(bad):
+    with pytest.raises(ProtocolError):
+        repair_runs(bad)
+    assert repair_runs(None) == {} and repair_runs({"runs": {"v": [[0, 1]]}}) == {"v": [(0, 1)]}
