@@ -33,9 +33,9 @@ only those that changed), and --creates-under-load CreateVolume calls timed.
 windows), and prints one table row per size, to show which figures grow with the units.
 
 --site-failover (last): site a is lost while its units replicate (every process of it,
-its Redis included, killed -9), and `drsvc promote --all --force` at site b takes over
-every unit, as a DR runbook does. It reports the takeover's wall time, one promote's
-p50/p99, the units primary at b afterwards, any promoted twice (an epoch moved by more than
+its Redis included, killed -9), and site b's controller takes forced PromoteVolume calls for
+every unit, --promote-parallel at a time (each retried while ABORTED), as the csi-addons
+controller sends them. It reports the takeover's wall time, one promote's p50/p99, the units primary at b afterwards, any promoted twice (an epoch moved by more than
 one) or not at all, and --verify replicas checksummed against the generation a had acked
 (its snapshot of the generation b holds).
 
@@ -55,7 +55,6 @@ import random
 import re
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -314,8 +313,11 @@ class Scale:
         return out
 
     def site_failover(self, sample: int, parallel: int) -> dict:
-        """Site a lost while its units replicate, then every unit promoted at b with force
-        (``drsvc promote --all --force``, the CLI a runbook runs)."""
+        """Site a lost while its units replicate, then every unit promoted at b with force:
+        *parallel* PromoteVolume calls at a time at b's controller, each retried while it
+        answers ABORTED, as the csi-addons controller reconciles VolumeReplications."""
+        from concurrent.futures import ThreadPoolExecutor
+        from csi_plugin.gen import replication_pb2
         from drsvc.layout import PoolLayout
         from drsvc.replication.common.unit_state import find_state
         from drsvc_lab.nodes import node_components
@@ -327,14 +329,21 @@ class Scale:
             run.stop(c, sig=signal.SIGKILL)
         self.lab.stop_redis("a")
         self.stop.set()                      # the writer's images are a's: they are gone with it
-        log(f"site a lost (killed in {time.time() - t_lost:.1f}s); promote --all --force at b")
+        log(f"site a lost (killed in {time.time() - t_lost:.1f}s); {len(units)} forced promotes at b")
+
+        def promote(vid: str):
+            req = replication_pb2.PromoteVolumeRequest(force=True)
+            req.replication_source.volume.volume_id = vid
+            try:
+                return self.retried(self.repl_b.PromoteVolume, req), ""
+            except grpc.RpcError as e:
+                return None, f"{e.code().name}: {e.details()}"
         t = time.perf_counter()
-        p = subprocess.run([sys.executable, "-m", "drsvc_cli.main", "promote", "--all", "--force", "--json",
-                            "--parallel", str(parallel), "--wait", "600", "--config", str(self.lab.config_of("b"))],
-                           capture_output=True, text=True, timeout=3600)
+        with ThreadPoolExecutor(max_workers=parallel) as pool:
+            done = list(pool.map(promote, units))
         wall = time.perf_counter() - t
-        doc = json.loads(p.stdout.strip().splitlines()[-1])
-        summary = doc.get("result") or {}
+        times = [s for s, _ in done if s is not None]
+        errors = [err for s, err in done if s is None]
         primary = twice = missed = 0
         for v in units:
             st = find_state(self.lab.pool(self.vols[v], "b"), v)
@@ -353,15 +362,11 @@ class Scale:
                 same += 1
             else:
                 differ += 1
-        out = {"units": len(units), "cli_exit": p.returncode, "takeover_s": round(wall, 2),
-               "cli_s": summary.get("seconds"), "promote_p50_s": summary.get("promote_p50_seconds"),
-               "promote_p99_s": summary.get("promote_p99_seconds"), "promoted": summary.get("promoted"),
-               "failed": summary.get("failed"), "primary_at_b": primary, "not_primary": missed,
-               "promoted_twice": twice, "parallel": parallel,
+        out = {"units": len(units), "parallel": parallel, "takeover_s": round(wall, 2),
+               "promote_ms": summary_ms(times), "promoted": len(times), "failed": len(errors),
+               "errors_first": errors[:3], "primary_at_b": primary, "not_primary": missed, "promoted_twice": twice,
                "checksummed": {"same_as_acked": same, "differ": differ, "unchecked": unchecked},
                "load_avg_after": [round(x, 2) for x in os.getloadavg()]}
-        if p.returncode not in (0, 1):
-            out["cli_error"] = (doc.get("error") or {}).get("message") or p.stderr[-400:]
         log(f"site failover: {json.dumps(out)}")
         return out
 
@@ -758,8 +763,8 @@ def main(argv=None) -> int:
                     help="planned failovers (Demote at a, Promote at b) timed after the last window")
     ap.add_argument("--faults", action="store_true")
     ap.add_argument("--site-failover", action="store_true",
-                    help="last: site a killed, then `drsvc promote --all --force` at b, timed and checked")
-    ap.add_argument("--promote-parallel", type=int, default=16, help="promote --all's --parallel")
+                    help="last: site a killed, then every unit promoted at b with force, timed and checked")
+    ap.add_argument("--promote-parallel", type=int, default=16, help="--site-failover's PromoteVolume calls at once")
     ap.add_argument("--fault-hold", type=float, default=30, help="seconds each fault lasts")
     ap.add_argument("--settle-intervals", type=float, default=3.0)
     ap.add_argument("--verify", type=int, default=20, help="affected units checksummed after each fault")
@@ -788,8 +793,9 @@ def main(argv=None) -> int:
     for f in out["faults"]:
         print(f"fault: {json.dumps(f)}")
     if sf := out.get("site_failover"):
-        print(f"site failover of {sf['units']} units: promote --all --force at b took {sf['takeover_s']} s "
-              f"(one promote p50 {sf['promote_p50_s']} s, p99 {sf['promote_p99_s']} s); primary at b "
+        print(f"site failover of {sf['units']} units: forced promotes at b ({sf['parallel']} at a time) took "
+              f"{sf['takeover_s']} s (one promote p50 {sf['promote_ms']['p50']} ms, p99 {sf['promote_ms']['p99']} ms); "
+              f"primary at b "
               f"{sf['primary_at_b']}, not {sf['not_primary']}, promoted twice {sf['promoted_twice']}; "
               f"replicas against a's acked generation: {sf['checksummed']}")
     if args.json:

@@ -57,6 +57,7 @@ class DrClient:
     def __init__(self, endpoint: str, *, timeout: float = 60.0, secrets: dict | None = None):
         target = endpoint if endpoint.startswith("unix:") else f"unix://{endpoint}"
         self.channel = grpc.insecure_channel(target)
+        self.endpoint = endpoint
         self.timeout = timeout
         self.secrets = dict(secrets or {})
         self.controller = csi_pb2_grpc.ControllerStub(self.channel)
@@ -78,7 +79,15 @@ class DrClient:
         try:
             return fn(req, timeout=self.timeout)
         except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED and fn in self._admin_calls():
+                raise RpcFailed(e.code(), f"{self.endpoint} does not serve drsvc's Admin service (status, "
+                                          "points, verify, sync-now, clone): a multi-node site's controller "
+                                          "does not; each storage node's plugin does, for its own units: give "
+                                          "its endpoint (--endpoint), node by node") from None
             raise RpcFailed(e.code(), e.details() or e.code().name) from None
+
+    def _admin_calls(self) -> set:
+        return {getattr(self.admin, m) for m in admin_pb2.DESCRIPTOR.services_by_name["Admin"].methods_by_name}
 
     def until_done(self, fn, *, wait: float, progress=None):
         """Repeat a call while it answers ABORTED (in progress), as a CO does, up to *wait* s."""

@@ -80,6 +80,17 @@ def test_controller_advertises_only_what_it_serves(nodes):
     ch.close()
 
 
+def test_the_runbook_cli_at_the_controller_says_where_the_admin_service_is(nodes):
+    """`drsvc status` (or `promote --all`) given the controller's endpoint: the Admin service
+    runs on each storage node's plugin (csi_plugin.server._node_server), and the CLI says so
+    instead of gRPC's "Method not found!"."""
+    from drsvc_cli.client import DrClient, RpcFailed
+    with DrClient(nodes.endpoint) as c, pytest.raises(RpcFailed) as e:
+        c.statuses()
+    assert e.value.code == grpc.StatusCode.UNIMPLEMENTED
+    assert "multi-node site's controller" in e.value.message and "--endpoint" in e.value.message, e.value.message
+
+
 def test_preferred_then_requisite_topology(nodes):
     # preferred names a node: it is chosen
     v = create(nodes, "pref-n3", preferred=[{NODE: "n3"}])
