@@ -109,8 +109,8 @@ def test_the_site_survives_losing_its_redis_master(lab, tmp_path):
                      == A.call("GetVolumeReplicationInfo", **u).HEALTHY, 60, what=f"{unit} healthy")
     finally:
         # site a's processes know only the Sentinels: stopped gracefully once those are gone, a
-        # Celery worker retries its broker until the stop gives up on it (the lab's heal paid
-        # ~55 s for that). Nothing of them is kept: the heal starts them on the lab's config
+        # Celery worker retries its broker until the stop gives up on it. Nothing of them is
+        # kept: the lab's heal starts them again on the lab's config
         kill_components(sa.run, COMPONENTS)
         for p in procs:
             p.kill()
