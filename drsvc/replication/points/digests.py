@@ -268,8 +268,11 @@ def record_built_image(image: Path, mapfile: Path, block_size: int, base: Path, 
     size = os.stat(image).st_size
     nb = block_count(size, block_size)
     with BlockMap.open(base_map) as bm:
-        base_size = bm.size
-        out = bytearray(bm.read(0, nb))          # past the base's end: ZERO, as the build reads
+        same_blocks, base_size = bm.block_size == block_size, bm.size
+        out = bytearray(bm.read(0, nb)) if same_blocks else bytearray()   # past its end: ZERO, as built
+    if not same_blocks:                          # recorded at another block size: no slot is this one's
+        record_image(image, mapfile, block_size)
+        return
     rehash = np.zeros(nb, dtype=bool)
     if size != base_size:                        # short blocks: hashed short where each ends
         for end in (size, base_size):
