@@ -319,7 +319,7 @@ class Scale:
         from concurrent.futures import ThreadPoolExecutor
         from csi_plugin.gen import replication_pb2
         from drsvc.layout import PoolLayout
-        from drsvc.replication.common.unit_state import find_state
+        from drsvc.replication.common import find_state
         from drsvc_lab.nodes import node_components
         units = sorted(self.vols)
         before = {v: find_state(self.lab.pool(self.vols[v], "b"), v) for v in units}
