@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -139,9 +140,23 @@ class SiteRun:
         return {c: self.pid(c) for c in COMPONENTS}
 
     def wait_socket(self, timeout: float = 30) -> None:
+        """Until the plugin accepts a connection on its socket: the file alone may be one a
+        killed plugin left behind, with nobody listening yet."""
         sock = socket_path(self.cfg.endpoint)
         deadline = time.monotonic() + timeout
-        while not sock.exists():
+        while not _accepts(sock):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"plugin socket {sock} did not appear; see {self.log_file('plugin')}")
+                raise TimeoutError(f"plugin socket {sock} does not accept connections; see {self.log_file('plugin')}")
             time.sleep(0.1)
+
+
+def _accepts(path: Path) -> bool:
+    """Whether something listens on the unix socket at *path*."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
