@@ -26,7 +26,6 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 
 from ...layout import PoolLayout
@@ -144,12 +143,6 @@ class RecordedSums:
         lo = (first - self.first) * DIGEST
         hi = lo + count * DIGEST
         return self.digests[lo:hi] if first >= self.first and hi <= len(self.digests) else None
-
-
-@lru_cache(maxsize=8)
-def zero_digests(count: int) -> bytes:
-    """The digests of *count* 4 KiB blocks of zeros."""
-    return digest_blocks(bytes(SUM_BLOCK), SUM_BLOCK) * count
 
 
 # -- checking -----------------------------------------------------------------------------

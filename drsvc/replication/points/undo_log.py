@@ -32,8 +32,8 @@ from pathlib import Path
 
 from ...host.reflink import UNSUPPORTED, clone_file_range
 from ..common import ranges
-from ..common.blockmap import DIGEST, digest_blocks, punch_hole
-from .digests import SUM_BLOCK, RecordedSums, SumsWriter, read_sums, zero_digests
+from ..common.blockmap import DIGEST, ZERO, digest_blocks, punch_hole
+from .digests import SUM_BLOCK, RecordedSums, SumsWriter, read_sums
 
 CLONE_MIN = 64 << 10
 ALIGN = 4096
@@ -210,7 +210,7 @@ class _Appender:
         if len(data) < length:
             data += bytes(length - len(data))         # past the source's end: zeros
         known = self._recorded(src_pos, length)
-        if _zero(data) and (known is None or known == zero_digests(len(known) // DIGEST)):
+        if _zero(data) and (known is None or known == ZERO * (len(known) // DIGEST)):
             return -1
         if known is not None:
             self.known.append((len(self.buf), known))
