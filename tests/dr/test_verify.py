@@ -219,6 +219,34 @@ def test_a_verify_beside_scheduled_syncs_of_a_written_unit_loses_nothing(lab):
         b.close()
 
 
+def test_a_verify_waits_for_the_primary_between_its_syncs(lab):
+    """The primary serves its snapshot's digests only between its own syncs (``snaphashes``
+    takes the unit's lock without waiting: control/consistency.py asks while holding the
+    secondary's). A verify meeting the primary's unit locked, as by a sync in flight, waits
+    and still compares with the primary; it does not end unchecked against it."""
+    from drsvc import store
+    a, b = _clients(lab)
+    try:
+        vid = _replicated(lab, a, "verify-held", 16 << 20)
+        held, go = threading.Event(), threading.Event()
+
+        def hold():
+            with store.file_lock(PoolLayout(lab.sites["a"].pool).lock_path(vid)):
+                held.set()
+                go.wait(30)
+        t = threading.Thread(target=hold, daemon=True)
+        t.start()
+        held.wait(10)
+        threading.Timer(3.0, go.set).start()        # the "sync" ends 3 s into the verify
+        r = b.verify(volume_id=vid, wait=120)
+        t.join(30)
+        assert r["result"] == "clean" and r["checked"] == {"recorded": True, "primary": True}, r
+        assert not any("not compared" in n for n in r["notes"]), r
+    finally:
+        a.close()
+        b.close()
+
+
 def test_a_replica_is_verified_on_its_class_schedule(lab):
     """drsvc.io/verifyInterval reaches the DR site with the first sync: b's scheduler (a mark
     made as the first generation lands, not its hourly sweep) queues a verify every interval,

@@ -170,8 +170,12 @@ def test_cut_tcp_connection(xfs_mod, sshd_factory):
     finally:
         proxy.close()
     assert proxy.cuts >= 20
-    # cuts in the middle of the stream resume after what the receiver journaled
-    assert len(resumed) >= 3, resumed
+    # cuts in the middle of the stream resume after what the receiver journaled. How much it
+    # had journaled depends on how far sshd and the receiver had read when the reset came (a
+    # reset drops what the kernel still held unread): most cuts on an idle machine, few on a
+    # loaded one. The resume's exact arithmetic is test_striping's (records sent = records -
+    # held); this test's claim is that no cut tears the replica, and that cuts do resume.
+    assert resumed, "no cut transfer resumed after what the receiver had journaled"
     assert all(wire < 3 * MiB for _, _, wire in resumed)
 
 

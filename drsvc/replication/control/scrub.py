@@ -51,6 +51,7 @@ from .scrub_points import PointsCheck
 log = logging.getLogger(__name__)
 
 LOCK_PATIENCE = 600.0        # seconds a window waits for a long sync to let the unit go
+PRIMARY_PATIENCE = 60.0      # seconds the primary's answer is waited for past its syncs in flight
 READ_BUF = 1 << 20
 
 
@@ -127,30 +128,42 @@ class Scrub:
 
     def _begin(self) -> None:
         """The generation to verify, a copy of the recorded maps as they describe it, and the
-        primary's maps of it. A sync landing between the two is met once more."""
-        for attempt in (1, 2):
-            with self._lock():
-                recover(self.layout, self.unit_id)
-                st = get_state(self.pool, self.unit_id)
-                if st.role != "secondary":
-                    raise NotSecondary(kind="unit", unit_id=self.unit_id)
-                if st.generation == 0:
-                    raise ReplicationConflict(unit_id=self.unit_id, reason="nothing received yet to verify")
-                self.st0, self.recorded = st, self.maps.recorded_for(st)
-                if self.recorded:
-                    for vol in st.members:
-                        start = self.tmp / f"{vol}.start.map"
-                        start.unlink(missing_ok=True)       # a second attempt: the first one's copy
-                        copy_map(self.maps.path(vol), start)
+        primary's maps of it. The primary answers only between its own syncs, and only while it
+        holds this generation as acked: a sync in flight (its unit locked, or its ack not yet
+        recorded) is waited out, re-reading this site's generation, for PRIMARY_PATIENCE."""
+        deadline = time.monotonic() + PRIMARY_PATIENCE
+        delay = 0.1
+        while True:
+            st = self._take_start()
             try:
                 self.primary = self._primary_maps(st)
                 return
-            except ReplicationConflict as e:
-                if attempt == 2:
+            except (ReplicationConflict, OperationInProgress) as e:
+                if time.monotonic() + delay > deadline:
                     self.notes.append(f"not compared with the primary: {e.message}")
+                    return
             except DrsvcError as e:
                 self.notes.append(f"not compared with the primary: {e.message}")
                 return
+            time.sleep(delay * (0.5 + secrets.randbelow(1000) / 2000))   # not in step with a schedule
+            delay = min(2 * delay, 2.0)
+
+    def _take_start(self):
+        """Under the unit's lock: this site's generation, and a copy of its recorded maps."""
+        with self._lock():
+            recover(self.layout, self.unit_id)
+            st = get_state(self.pool, self.unit_id)
+            if st.role != "secondary":
+                raise NotSecondary(kind="unit", unit_id=self.unit_id)
+            if st.generation == 0:
+                raise ReplicationConflict(unit_id=self.unit_id, reason="nothing received yet to verify")
+            self.st0, self.recorded = st, self.maps.recorded_for(st)
+            if self.recorded:
+                for vol in st.members:
+                    start = self.tmp / f"{vol}.start.map"
+                    start.unlink(missing_ok=True)       # a later attempt: the earlier one's copy
+                    copy_map(self.maps.path(vol), start)
+            return st
 
     def _primary_maps(self, st) -> dict:
         peer = self.open_peer()
