@@ -35,8 +35,10 @@ windows), and prints one table row per size, to show which figures grow with the
 --site-failover (last): site a is lost while its units replicate (every process of it,
 its Redis included, killed -9), and site b's controller takes forced PromoteVolume calls for
 every unit, --promote-parallel at a time (each retried while ABORTED), as the csi-addons
-controller sends them. It reports the takeover's wall time, one promote's p50/p99, the units primary at b afterwards, any promoted twice (an epoch moved by more than
-one) or not at all, and --verify replicas checksummed against a's image of the generation
+controller sends them; with --promote-all, one PromoteAll at b's controller instead, as
+`drsvc promote --all --force` sends it (each node takes its units as one batch). It reports
+the takeover's wall time, one promote's p50/p99, the units primary at b afterwards, any
+promoted twice (an epoch moved by more than one) or not at all, and --verify replicas checksummed against a's image of the generation
 b holds: the one a had acked, or the one past it that b committed before a heard (a
 replica behind a's ack is counted as a loss).
 
@@ -313,6 +315,14 @@ class Scale:
         log(f"failovers: {json.dumps(out)}")
         return out
 
+    def promote_all_at_b(self) -> list[tuple]:
+        """One PromoteAll (force) at b's controller, as `drsvc promote --all --force` sends it:
+        (seconds, "") per unit promoted, (None, "CODE: message") per unit that failed."""
+        from csi_plugin.gen import admin_pb2, admin_pb2_grpc
+        out = admin_pb2_grpc.SiteStub(self.channel_b).PromoteAll(admin_pb2.PromoteAllRequest(force=True),
+                                                                 timeout=3600)
+        return [(u.seconds, "") if u.result == "promoted" else (None, f"{u.code}: {u.message}") for u in out.units]
+
     def _checksum_sample(self, units: list, sample: int) -> dict:
         """A sample of b's promoted replicas against a's image of the generation b holds. b
         may hold one generation more than a recorded as acked (a was killed between b's
@@ -338,7 +348,8 @@ class Scale:
     def site_failover(self, sample: int, parallel: int) -> dict:
         """Site a lost while its units replicate, then every unit promoted at b with force:
         *parallel* PromoteVolume calls at a time at b's controller, each retried while it
-        answers ABORTED, as the csi-addons controller reconciles VolumeReplications."""
+        answers ABORTED, as the csi-addons controller reconciles VolumeReplications; or with
+        --promote-all one PromoteAll there, as `drsvc promote --all --force` sends it."""
         from concurrent.futures import ThreadPoolExecutor
         from csi_plugin.gen import replication_pb2
         from drsvc.replication.common import find_state
@@ -361,8 +372,11 @@ class Scale:
             except grpc.RpcError as e:
                 return None, f"{e.code().name}: {e.details()}"
         t = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=parallel) as pool:
-            done = list(pool.map(promote, units))
+        if self.args.promote_all:
+            done = self.promote_all_at_b()
+        else:
+            with ThreadPoolExecutor(max_workers=parallel) as pool:
+                done = list(pool.map(promote, units))
         wall = time.perf_counter() - t
         times = [s for s, _ in done if s is not None]
         errors = [err for s, err in done if s is None]
@@ -375,7 +389,8 @@ class Scale:
             primary += 1
             twice += st.epoch != (before[v].epoch if before[v] else 0) + 1
         checked = self._checksum_sample(units, sample)
-        out = {"units": len(units), "parallel": parallel, "takeover_s": round(wall, 2),
+        out = {"units": len(units), "parallel": "PromoteAll" if self.args.promote_all else parallel,
+               "takeover_s": round(wall, 2),
                "promote_ms": summary_ms(times), "promoted": len(times), "failed": len(errors),
                "errors_first": errors[:3], "primary_at_b": primary, "not_primary": missed, "promoted_twice": twice,
                "checksummed": checked, "load_avg_after": [round(x, 2) for x in os.getloadavg()]}
@@ -777,6 +792,8 @@ def main(argv=None) -> int:
     ap.add_argument("--site-failover", action="store_true",
                     help="last: site a killed, then every unit promoted at b with force, timed and checked")
     ap.add_argument("--promote-parallel", type=int, default=16, help="--site-failover's PromoteVolume calls at once")
+    ap.add_argument("--promote-all", action="store_true",
+                    help="--site-failover by one PromoteAll at b's controller (a batch per node), not PromoteVolume calls")
     ap.add_argument("--fault-hold", type=float, default=30, help="seconds each fault lasts")
     ap.add_argument("--settle-intervals", type=float, default=3.0)
     ap.add_argument("--verify", type=int, default=20, help="affected units checksummed after each fault")

@@ -1,4 +1,5 @@
-"""drsvc.admin.v1.Admin: operator status, sync-now, verify, drill clones and recovery points."""
+"""drsvc.admin.v1.Admin: operator status, sync-now, verify, drill clones and recovery points;
+and drsvc.admin.v1.Site: the whole site at once (a site failover's promote of every unit)."""
 from __future__ import annotations
 
 import time
@@ -9,7 +10,7 @@ from drsvc.replication.control import next_runs, next_sync
 from drsvc.replication.sender import progress_of
 
 from . import convert
-from .errors import rpc
+from .errors import code_for_name, rpc
 from .gen import admin_pb2, admin_pb2_grpc
 
 
@@ -128,3 +129,33 @@ class Admin(admin_pb2_grpc.AdminServicer):
                 pinned=p.is_pinned(now), pin_until=p.pin_until or 0.0, unique_bytes=p.unique_bytes,
                 total_bytes=p.total_bytes, members=list(p.members)) for p in page.items],
             replica_bytes=space.replica_bytes, points_bytes=space.points_bytes, retention=grid)
+
+
+def promoted_unit(row: dict) -> admin_pb2.PromotedUnit:
+    failed = row.get("result") == "failed"
+    return admin_pb2.PromotedUnit(
+        unit_id=row["unit_id"], kind=row.get("kind", ""), peer=row.get("peer", ""),
+        generation=int(row.get("generation") or 0), data_age_seconds=float(row.get("data_age_seconds") or 0.0),
+        result=row.get("result", "would promote"), code=code_for_name(row.get("error", "")).name if failed else "",
+        message=row.get("message", ""), epoch=int(row.get("epoch") or 0), seconds=float(row.get("seconds") or 0.0))
+
+
+class Site(admin_pb2_grpc.SiteServicer):
+    """*replication*: ``ReplicationAPI`` of a one-node site, ``ClusterReplication`` of a
+    multi-node site's controller; both answer ``promote_all`` with a row per unit."""
+
+    def __init__(self, replication, check_secrets):
+        self.replication = replication
+        self.check_secrets = check_secrets
+
+    @rpc
+    def PromoteAll(self, req, context):
+        self.check_secrets(dict(req.secrets))
+        t0 = time.monotonic()
+        if req.dry_run:
+            rows = [{**r, "result": "would promote"}
+                    for r in self.replication.promote_all(req.force, dry_run=True)]
+        else:
+            rows = self.replication.promote_all(req.force, wait=req.wait_seconds)
+        return admin_pb2.PromoteAllResponse(units=[promoted_unit(r) for r in rows],
+                                            seconds=round(time.monotonic() - t0, 4))

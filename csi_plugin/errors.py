@@ -35,6 +35,17 @@ def code_for(exc: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+def code_for_name(name: str) -> grpc.StatusCode:
+    """The code of a domain error known by its class name (a batch's per-unit results)."""
+    cls = getattr(E, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, E.DrsvcError)):
+        return grpc.StatusCode.INTERNAL
+    for known, code in CODE_TABLE:
+        if issubclass(cls, known):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
 def rpc(method):
     """Turn domain errors into a gRPC status; never let an RPC crash the server."""
     @functools.wraps(method)

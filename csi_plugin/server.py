@@ -90,9 +90,11 @@ def build_controller_server(ctl: ClusterController, sock: Path, *, max_workers: 
         addons_servicers.VolumeGroupController(ctl, ctl.cfg.check_secrets), server)
     names += ["identity.Identity", "volumegroup.Controller"]
     if replicating:
+        cluster = ClusterReplication(ctl.router)
         replication_pb2_grpc.add_ControllerServicer_to_server(
-            addons_servicers.ReplicationController(ClusterReplication(ctl.router), ctl.cfg.check_secrets), server)
-        names.append("replication.Controller")
+            addons_servicers.ReplicationController(cluster, ctl.cfg.check_secrets), server)
+        admin_pb2_grpc.add_SiteServicer_to_server(admin_servicer.Site(cluster, ctl.cfg.check_secrets), server)
+        names += ["replication.Controller", "drsvc.admin.v1.Site"]
     return _serve(server, names, sock)
 
 
@@ -131,12 +133,13 @@ def build_server(site: Site, sock: Path, *, max_workers: int = HANDLER_THREADS, 
     volumegroup_pb2_grpc.add_ControllerServicer_to_server(addons_servicers.VolumeGroupController(ctl, site.check_secrets), server)
     names += ["identity.Identity", "volumegroup.Controller"]
     if replicating:
+        api = ReplicationAPI(site.status, site.replication.requests)
         replication_pb2_grpc.add_ControllerServicer_to_server(
-            addons_servicers.ReplicationController(ReplicationAPI(site.status, site.replication.requests),
-                                                   site.check_secrets), server)
+            addons_servicers.ReplicationController(api, site.check_secrets), server)
         admin_pb2_grpc.add_AdminServicer_to_server(
             admin_servicer.Admin(site, site.replication.requests, site.status), server)
-        names += ["replication.Controller", "drsvc.admin.v1.Admin"]
+        admin_pb2_grpc.add_SiteServicer_to_server(admin_servicer.Site(api, site.check_secrets), server)
+        names += ["replication.Controller", "drsvc.admin.v1.Admin", "drsvc.admin.v1.Site"]
     return _serve(server, names, sock)
 
 

@@ -64,6 +64,7 @@ class DrClient:
         self.groups = volumegroup_pb2_grpc.ControllerStub(self.channel)
         self.repl = replication_pb2_grpc.ControllerStub(self.channel)
         self.admin = admin_pb2_grpc.AdminStub(self.channel)
+        self.site_service = admin_pb2_grpc.SiteStub(self.channel)
         self.identity = csi_pb2_grpc.IdentityStub(self.channel)
 
     def close(self) -> None:
@@ -75,9 +76,9 @@ class DrClient:
     def __exit__(self, *exc):
         self.close()
 
-    def _call(self, fn, req):
+    def _call(self, fn, req, *, timeout: float | None = None):
         try:
-            return fn(req, timeout=self.timeout)
+            return fn(req, timeout=timeout or self.timeout)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.UNIMPLEMENTED and fn in self._admin_calls():
                 raise RpcFailed(e.code(), f"{self.endpoint} does not serve drsvc's Admin service (status, "
@@ -161,6 +162,16 @@ class DrClient:
 
     def replication(self, method: str, *, volume_id: str = "", group_id: str = "", **fields):
         return self._call(getattr(self.repl, method), self._repl_req(method, volume_id, group_id, **fields))
+
+    def promote_all(self, *, force: bool, dry_run: bool = False, wait: float = 0.0) -> tuple[list[dict], float]:
+        """The Site service's PromoteAll: a row per unit held here as secondary, and the
+        server's seconds. UNIMPLEMENTED (RpcFailed) from a plugin without the Site service."""
+        out = self._call(self.site_service.PromoteAll, admin_pb2.PromoteAllRequest(
+            force=force, dry_run=dry_run, wait_seconds=wait, secrets=self.secrets),
+            timeout=max(self.timeout, wait + 30.0) if wait else 24 * 3600.0)
+        fields = ("unit_id", "kind", "peer", "generation", "data_age_seconds", "result", "code", "message",
+                  "epoch", "seconds")
+        return [{f: getattr(u, f) for f in fields} for u in out.units], out.seconds
 
     @staticmethod
     def unit(volume_id: str = "", group_id: str = "") -> admin_pb2.Unit:

@@ -1,19 +1,26 @@
 """`drsvc promote --all`: take over every unit this site holds as a secondary, the way a DR
 runbook does when the primary site is lost.
 
-The units (volumes and groups; a group's members go with it) are promoted concurrently, each
-through the same PromoteVolume call as `drsvc promote`, retried while it answers ABORTED
-(in progress), so a unit is never promoted twice: a unit already primary is answered as it is,
-and a second run after an interrupted one takes only what is left. `--dry-run` lists what
-would be promoted, with each copy's data age, and changes nothing.
+The site's Site service (``PromoteAll``: a one-node site's plugin, a multi-node site's
+controller) promotes the units (volumes and groups; a group's members go with it) in one
+batch per storage node, each as its own PromoteVolume would be: a unit is never promoted
+twice, a unit already primary is not listed, and a second run after an interrupted one takes
+only what is left. `--dry-run` lists what would be promoted, with each copy's data age, and
+changes nothing. A plugin without the Site service (an older release) is driven unit by unit
+instead: PromoteVolume calls, --parallel at a time, each retried while it answers ABORTED.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
+
 from .client import RpcFailed
 from .context import client
+
+COLUMNS = ["unit_id", "kind", "peer", "generation", "data_age_seconds"]
 
 PARALLEL = 16      # promotes in flight at once: the site's control workers take them in turn
 
@@ -47,29 +54,54 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def summarize(done: list[dict], seconds: float) -> dict:
+    times = [r["seconds"] for r in done if r["result"] == "promoted"]
+    failed = sum(1 for r in done if r["result"] == "failed")
+    return {"units": len(done), "promoted": len(times), "failed": failed, "seconds": round(seconds, 3),
+            "promote_p50_seconds": _percentile(times, 0.5), "promote_p99_seconds": _percentile(times, 0.99),
+            "results": done}
+
+
 def promote_all(c, plan: list[dict], *, force: bool, wait: float, parallel: int = PARALLEL) -> dict:
-    """Promote every unit of *plan* concurrently; the per-unit results and a summary."""
+    """Promote every unit of *plan* concurrently, a PromoteVolume each; the per-unit
+    results and a summary."""
     t0 = time.monotonic()
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         done = list(pool.map(lambda r: promote_unit(c, r, force=force, wait=wait), plan))
-    times = [r["seconds"] for r in done if r["result"] == "promoted"]
-    return {"units": len(done), "promoted": len(times), "failed": len(done) - len(times),
-            "seconds": round(time.monotonic() - t0, 3), "promote_p50_seconds": _percentile(times, 0.5),
-            "promote_p99_seconds": _percentile(times, 0.99), "results": done}
+    return summarize(done, time.monotonic() - t0)
+
+
+def take_over(c, *, force: bool, dry_run: bool, wait: float, parallel: int = PARALLEL, progress=None) -> dict:
+    """A site failover at *c*'s endpoint: ``{"plan": rows}`` with *dry_run*, else the
+    summary of ``summarize``. The Site service's one call where the plugin has it, else
+    PromoteVolume unit by unit (*progress*: a context manager shown meanwhile)."""
+    t0 = time.monotonic()
+    try:
+        rows, _server_s = c.promote_all(force=force, dry_run=dry_run)
+        return {"plan": [{k: r[k] for k in COLUMNS} for r in rows]} if dry_run \
+            else summarize(rows, time.monotonic() - t0)
+    except RpcFailed as e:
+        if e.code != grpc.StatusCode.UNIMPLEMENTED:
+            raise
+    plan = secondary_units(c)
+    if dry_run:
+        return {"plan": plan}
+    with progress(f"promote --all ({len(plan)} units)") if progress else contextlib.nullcontext():
+        return promote_all(c, plan, force=force, wait=wait, parallel=parallel)
 
 
 def cmd_promote_all(args, out) -> int:
     with client(args) as c:
         site = c.site()
-        plan = secondary_units(c)
-        if args.dry_run:
-            line = (f"site {site}: would promote {len(plan)} unit(s) held here as secondary"
-                    + (" with force" if args.force else "") + "; nothing changed (--dry-run)")
-            return out.change("promote --all", site, False, line, {"dry_run": True, "units": plan},
-                              table=(plan, ["unit_id", "kind", "peer", "generation", "data_age_seconds"])
-                              if plan else None)
-        with out.progress(f"promote --all ({len(plan)} units)"):
-            summary = promote_all(c, plan, force=args.force, wait=args.wait, parallel=args.parallel)
+        answer = take_over(c, force=args.force, dry_run=args.dry_run, wait=args.wait, parallel=args.parallel,
+                           progress=out.progress)
+    if args.dry_run:
+        plan = answer["plan"]
+        line = (f"site {site}: would promote {len(plan)} unit(s) held here as secondary"
+                + (" with force" if args.force else "") + "; nothing changed (--dry-run)")
+        return out.change("promote --all", site, False, line, {"dry_run": True, "units": plan},
+                          table=(plan, COLUMNS) if plan else None)
+    summary = answer
     failed = [r for r in summary["results"] if r["result"] == "failed"]
     line = (f"site {site}: promoted {summary['promoted']} of {summary['units']} unit(s)"
             + (" with force" if args.force else "") + f" in {summary['seconds']:.1f}s (one promote: "

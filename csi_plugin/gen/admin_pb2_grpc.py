@@ -310,3 +310,81 @@ class Admin:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class SiteStub:
+    """The whole site at once: served by a one-node site's plugin and by a multi-node site's
+    controller (which sends each storage node its units as one batch), not by a node's plugin.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.PromoteAll = channel.unary_unary(
+                '/drsvc.admin.v1.Site/PromoteAll',
+                request_serializer=admin__pb2.PromoteAllRequest.SerializeToString,
+                response_deserializer=admin__pb2.PromoteAllResponse.FromString,
+                _registered_method=True)
+
+
+class SiteServicer:
+    """The whole site at once: served by a one-node site's plugin and by a multi-node site's
+    controller (which sends each storage node its units as one batch), not by a node's plugin.
+    """
+
+    def PromoteAll(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_SiteServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'PromoteAll': grpc.unary_unary_rpc_method_handler(
+                    servicer.PromoteAll,
+                    request_deserializer=admin__pb2.PromoteAllRequest.FromString,
+                    response_serializer=admin__pb2.PromoteAllResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'drsvc.admin.v1.Site', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('drsvc.admin.v1.Site', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Site:
+    """The whole site at once: served by a one-node site's plugin and by a multi-node site's
+    controller (which sends each storage node its units as one batch), not by a node's plugin.
+    """
+
+    @staticmethod
+    def PromoteAll(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drsvc.admin.v1.Site/PromoteAll',
+            admin__pb2.PromoteAllRequest.SerializeToString,
+            admin__pb2.PromoteAllResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

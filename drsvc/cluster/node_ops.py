@@ -25,6 +25,7 @@ NODE_ONLY_OPS = frozenset({
     "ensure_group_part",        # this node's part of a group spanning nodes
     "forget_group_part",
     "replication",              # a Replication RPC (ReplicationControl) on a unit of this node
+    "promote_all",              # this node's part of a site failover: its secondaries, in one batch
     "round_state",              # a spanning group's part: its applied and prepared generation
     "settle_round",             # ... and the round left prepared, applied or dropped
 })
@@ -154,6 +155,13 @@ class NodeOps:
             raise DrsvcError(f"unknown replication call {method!r}")
         out = getattr(self.replication, method)(kind, ident, **kwargs)
         return asdict(out) if isinstance(out, Info) else out
+
+    def op_promote_all(self, force: bool = False, dry_run: bool = False, units: list | None = None,
+                       wait: float = 0.0) -> list:
+        """The units held here as secondary (*dry_run*), or those of *units*, promoted in one batch."""
+        if self.replication is None:
+            raise ReplicationNotConfigured(site=self.ctl.site_name)
+        return self.replication.promote_all(bool(force), dry_run=bool(dry_run), units=units, wait=float(wait))
 
     def op_round_state(self, unit_id: str) -> dict:
         """A spanning group's part here: applied generation, and a round left prepared."""

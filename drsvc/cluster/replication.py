@@ -10,9 +10,10 @@ every part takes over at the same generation."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
-from ..errors import GroupNotFound, NotGroupConsistent, VolumeNotFound
+from ..errors import DrsvcError, GroupNotFound, NotGroupConsistent, VolumeNotFound
 from ..replication.control import Info
 from .routing import Router
 from .wire import group_in
@@ -88,6 +89,42 @@ class ClusterReplication:
         if len(nodes) > 1:
             self.settle(ident, nodes)
         self._call("promote", kind, ident, force=force, params=dict(params or {}))
+
+    def promote_all(self, force: bool, *, dry_run: bool = False, wait: float = 0.0) -> list[dict]:
+        """A site failover: every unit this site holds as secondary. Each node takes its own
+        units as one batch (``NodeOps.op_promote_all``), all nodes at once; a group spanning
+        nodes is then promoted as its own PromoteVolume is, settled across its parts first.
+        Returns a row per unit (one per spanning group), as the nodes report them."""
+        listed = self.router.call_all({n: {"dry_run": True} for n in self.router.nodes}, "promote_all")
+        parts: dict[str, list] = {}
+        for n in self.router.nodes:
+            for row in listed[n]:
+                parts.setdefault(row["unit_id"], []).append(row)
+        spanning = sorted(u for u, rows in parts.items() if len(rows) > 1)
+        if dry_run:
+            return [{**rows[0], "result": "would promote"} for _u, rows in sorted(parts.items())]
+        batches = {n: [r["unit_id"] for r in listed[n] if len(parts[r["unit_id"]]) == 1] for n in self.router.nodes}
+        longest = max((len(b) for b in batches.values()), default=0)
+        node_wait = wait or self.wait + 0.1 * longest
+        out = self.router.calls.call_each({n: {"force": force, "units": b, "wait": node_wait}
+                                           for n, b in batches.items() if b}, "promote_all", wait=node_wait + self.wait)
+        rows = []
+        for n, result in sorted(out.items()):
+            if isinstance(result, DrsvcError):       # the node did not answer: its units, failed
+                rows += [{**r, "result": "failed", "error": type(result).__name__, "message": result.message}
+                         for r in listed[n] if r["unit_id"] in set(batches[n])]
+            else:
+                rows += result
+        return rows + [self._promote_spanning(parts[u][0], force) for u in spanning]
+
+    def _promote_spanning(self, row: dict, force: bool) -> dict:
+        t0 = time.monotonic()
+        try:
+            self.promote("group", row["unit_id"], force)
+            out = {"result": "promoted"}
+        except DrsvcError as e:
+            out = {"result": "failed", "error": type(e).__name__, "message": e.message}
+        return {**row, **out, "seconds": round(time.monotonic() - t0, 4)}
 
     def settle(self, unit_id: str, nodes: list[str]) -> int:
         """Bring every part of a spanning group to one generation before it takes over.

@@ -90,7 +90,7 @@ from ansible.module_utils.drsvc_client import IMPORT_ERROR, UNIT_ARGS, require_c
 if IMPORT_ERROR is None:
     import grpc
     from drsvc_cli.client import DrClient, RpcFailed
-    from drsvc_cli.site_promote import promote_all, secondary_units
+    from drsvc_cli.site_promote import take_over
 
 
 def run(module) -> dict:
@@ -101,15 +101,16 @@ def run(module) -> dict:
         except grpc.FutureTimeoutError:
             module.fail_json(msg=f"endpoint {p['endpoint']} is unreachable (no answer in {p['connect_timeout']}s)",
                              code="UNAVAILABLE")
+        listing = p["state"] == "status" or module.check_mode
         try:
-            plan = secondary_units(c)
+            out = take_over(c, force=p["force"], dry_run=listing, wait=p["wait"], parallel=p["parallel"])
         except RpcFailed as e:
-            module.fail_json(msg=f"listing the units at {p['endpoint']}: {e.code.name}: {e.message}",
-                             code=e.code.name)
-        if p["state"] == "status" or module.check_mode:
-            return {"changed": bool(plan) and p["state"] == "primary", "units": plan}
-        summary = promote_all(c, plan, force=p["force"], wait=p["wait"], parallel=p["parallel"])
-    return {**summary, "changed": summary["promoted"] > 0, "units": plan}
+            module.fail_json(msg=f"{'listing' if listing else 'promoting'} the units at {p['endpoint']}: "
+                                 f"{e.code.name}: {e.message}", code=e.code.name)
+        if listing:
+            return {"changed": bool(out["plan"]) and p["state"] == "primary", "units": out["plan"]}
+    units = [{k: r[k] for k in ("unit_id", "kind", "peer", "generation", "data_age_seconds")} for r in out["results"]]
+    return {**out, "changed": out["promoted"] > 0, "units": units}
 
 
 def main():

@@ -1,7 +1,8 @@
 """bench.scale's code paths with tiny sizes: a real two-site, three-node lab, a growth run of
 two sizes, and the growth table's figures checked for shape and sense, never speed; then the
-site failover: site a killed, every unit promoted at b with force through its controller,
-each exactly once, and the sampled replicas equal to a's image of the generation they hold."""
+site failover: site a killed, every unit promoted at b with force by one PromoteAll at its
+controller (a batch per node), each exactly once, and the sampled replicas equal to a's image
+of the generation they hold."""
 from __future__ import annotations
 
 import json
@@ -18,7 +19,7 @@ def test_growth_run_reports_a_row_per_size(capsys):
                        "--growth-duration", "12", "--duration", "12", "--sample-every", "2",
                        "--failovers", "0", "--creates-under-load", "2", "--pool-size", "1G",
                        "--page", "2", "--listing-gap", "1", "--site-failover", "--verify", "4",
-                       "--promote-parallel", "4", "--json"]) == 0
+                       "--promote-all", "--json"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     out = json.loads(lines[-1])
     assert [st["volumes"] for st in out["stages"]] == [3, 6]

@@ -1,6 +1,7 @@
 """A site-wide failover from the runbook CLI: site a is lost while its units replicate, and
 `drsvc promote --all --force` at b takes over every unit b holds as secondary (volumes and
-groups), concurrently, through the same PromoteVolume a csi-addons controller sends
+groups) in one call of b's Site service (PromoteAll: one batch on b's control worker), each
+promoted as the PromoteVolume a csi-addons controller sends would promote it
 (kubernetes-csi-addons internal/controller/replication.storage/volumereplication_controller.go,
 markVolumeAsPrimary with force). A dry run first changes nothing; a second run finds nothing
 left to do; no unit is promoted twice (each epoch goes up by one). The same through
@@ -64,6 +65,8 @@ def test_promote_all_takes_over_a_lost_site(lab):
     rc, run = drsvc(sb, "promote", "--all", "--force", "--parallel", "4")
     r = run["result"]
     assert rc == 0 and r["failed"] == 0 and {x["unit_id"] for x in r["results"]} >= units, run
+    # the batch's own answer (the unit-by-unit path reports no epoch): each unit's new epoch
+    assert all(x["epoch"] == before[x["unit_id"]]["epoch"] + 1 for x in r["results"] if x["unit_id"] in units), r
     assert 0 < r["promote_p50_seconds"] <= r["promote_p99_seconds"] <= r["seconds"]
     after = {u["unit_id"]: u for u in drsvc(sb, "status")[1]["result"]}
     for u in units:

@@ -53,6 +53,13 @@ class ReplicationAPI:
     def promote(self, kind: str, ident: str, force: bool, params: dict | None = None) -> None:
         self.requests.promote(self.status.resolve(kind, ident), force=force, params=dict(params or {}))
 
+    def promote_all(self, force: bool, *, dry_run: bool = False, units: list | None = None,
+                    wait: float = 0.0) -> list[dict]:
+        """Every unit held here as secondary: listed (*dry_run*), or promoted in one batch."""
+        if dry_run:
+            return self.requests.secondaries()
+        return self.requests.promote_all(force=force, units=units, wait=wait)
+
     def demote(self, kind: str, ident: str, force: bool) -> None:
         self.requests.demote(self.status.resolve(kind, ident), force=force)
 

@@ -16,6 +16,7 @@ from ...errors import (
     NotSecondary,
     PointNotRestorable,
     RetentionGridInvalid,
+    UnitNotFound,
     VolumeInGroup,
     VolumeInUse,
     VolumeIsGroupMember,
@@ -37,6 +38,10 @@ VERIFY_INTERVAL = "drsvc.io/verifyInterval"   # how often the secondary verifies
 KNOWN_PARAMETERS = {"peer", "schedulingInterval", "schedulingStartTime", "bandwidthLimit", RETENTION, VERIFY_INTERVAL,
                     index.RECOVERY_POINT}    # Promote's, passed to Enable too by the VolumeReplication controller
 CO_PREFIXES = ("replication.storage.openshift.io/", "csi.storage.k8s.io/", "csiaddons.openshift.io/")
+
+
+PROMOTE_ALL_BATCH = "promote-all"   # the in-flight claim of this site's (node's) promote batch
+PROMOTE_ALL_WAIT_S = 0.1              # a batch's wait, per unit, past the rpc wait
 
 
 class ReplicationRequests:
@@ -117,6 +122,37 @@ class ReplicationRequests:
         self.status.require_enabled(unit)
         point = self._restore_point(unit, (params or {}).get(index.RECOVERY_POINT, ""))
         self._run("promote", unit, force=force, **({"point": point} if point is not None else {}))
+
+    def secondaries(self) -> list[dict]:
+        """Every unit held here as secondary, with what a runbook shows of it."""
+        rows = []
+        for unit_id in self.status.units():
+            try:
+                info, kind, _members = self.status.row(unit_id)
+            except UnitNotFound:
+                continue            # its records are not written yet
+            if info.role == "secondary":
+                rows.append({"unit_id": unit_id, "kind": kind, "peer": info.peer, "generation": info.generation,
+                             "data_age_seconds": info.lag_seconds})
+        return rows
+
+    def promote_all(self, *, force: bool, units: list | None = None, wait: float = 0.0) -> list[dict]:
+        """Promote every unit held here as secondary (or those of *units* that are), in one
+        batch on this site's control worker (``jobs.run_promote_all``). Returns a row per
+        unit: ``secondaries``' with the promote's result. *wait* 0: PROMOTE_ALL_WAIT_S a
+        unit past the rpc wait, so a caller hears the batch's own answer."""
+        rows = self.secondaries()
+        if units is not None:
+            wanted = set(units)
+            rows = [r for r in rows if r["unit_id"] in wanted]
+        if not rows:
+            return []
+        wait = wait or self.rpc_wait + PROMOTE_ALL_WAIT_S * len(rows)
+        out = self.dispatcher.run("promote_all", PROMOTE_ALL_BATCH,
+                                  {"units": [r["unit_id"] for r in rows], "force": bool(force)}, wait=wait)
+        done = {r["unit_id"]: r for r in out["results"]}
+        return [{**r, **done.get(r["unit_id"], {"result": "failed", "error": "InternalError",
+                                                "message": "the batch did not report it"})} for r in rows]
 
     def _restore_point(self, unit: Unit, text: str) -> int | None:
         st = unit_state.find_state(self.pool, unit.unit_id)

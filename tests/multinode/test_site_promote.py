@@ -1,0 +1,88 @@
+"""A site failover at a multi-node site: `drsvc promote --all --force` at b's controller
+endpoint. The controller serves the Site service (PromoteAll), which the CLI calls once: each
+storage node promotes its own units as one batch on its control worker, and a group spanning
+nodes is promoted as its own PromoteVolume would be (its parts settled first), so both parts
+take over at one generation and one epoch. A dry run lists every unit once and changes
+nothing; a second run finds nothing left. The CLI's other commands still need a node's
+endpoint there (the controller serves no Admin service)."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from csi_plugin.gen import volumegroup_pb2
+from drsvc.replication.common.unit_state import find_state
+from drsvc_lab import NodesLab
+from drsvc_lab.nodes import node_components
+from tests.dr.helpers import wait_for, write_random
+from tests.fixtures.sites import Client, image_sha
+from tests.multinode.test_dr import INTERVAL, at, gen, on
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    lab = NodesLab(tmp_path_factory.mktemp("mn-site"), sites=("a", "b"), nodes=("n1", "n2"), pool_size="1G",
+                   node_call_timeout=10)
+    try:
+        lab.build()
+        lab.up()
+        lab.clients = {s: Client(SimpleNamespace(endpoint=lab.endpoint_of(s))) for s in lab.sites}
+        yield lab
+        for c in lab.clients.values():
+            c.close()
+    finally:
+        lab.teardown()
+
+
+def drsvc(lab, *args):
+    p = subprocess.run([sys.executable, "-m", "drsvc_cli.main", *args, "--endpoint", lab.endpoint_of("b"), "--json"],
+                       capture_output=True, text=True, timeout=300)
+    return p.returncode, json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_promote_all_at_a_multi_node_controller(lab):
+    A = lab.clients["a"]
+    vols = {on(A, "st-1", "n1"): "n1", on(A, "st-2", "n2"): "n2", on(A, "st-3", "n2"): "n2"}
+    span = {on(A, "st-g1", "n1"): "n1", on(A, "st-g2", "n2"): "n2"}
+    gid = A.groups.CreateVolumeGroup(volumegroup_pb2.CreateVolumeGroupRequest(
+        name="st-span", volume_ids=list(span))).volume_group.volume_group_id
+    for v, n in {**vols, **span}.items():
+        write_random(at(lab, "a", n), v, count=4, seed=len(v))
+    for v in vols:
+        A.retry("EnableVolumeReplication", volume_id=v, parameters=INTERVAL)
+    A.retry("EnableVolumeReplication", group_id=gid, parameters=INTERVAL)
+    where = {**vols, gid: "n1"}
+    for u, n in where.items():
+        wait_for(lambda u=u, n=n: gen(lab, "b", n, u) >= 2, 90, what=f"two syncs of {u}")
+    run = lab.run_of("a")                                   # site a is lost: its processes and sshd
+    for c in reversed(node_components(run.cfg)):
+        run.stop(c, sig=signal.SIGKILL)
+    for n in lab.nodes:
+        lab.stop_sshd("a", n)
+    acked = {v: image_sha(at(lab, "b", n), v) for v, n in {**vols, **span}.items()}
+    epochs = {u: find_state(lab.pool(n, "b"), u).epoch for u, n in where.items()}
+
+    rc, dry = drsvc(lab, "promote", "--all", "--force", "--dry-run")
+    assert rc == 0 and dry["result"]["changed"] is False, dry
+    assert sorted(u["unit_id"] for u in dry["result"]["units"]) == sorted(where), dry   # the group once
+    assert all(find_state(lab.pool(n, "b"), u).role == "secondary" for u, n in where.items())
+
+    rc, run = drsvc(lab, "promote", "--all", "--force")
+    r = run["result"]
+    assert rc == 0 and r["failed"] == 0 and r["promoted"] == len(where), run
+    assert sorted(x["unit_id"] for x in r["results"]) == sorted(where), run
+    for u, n in where.items():
+        st = find_state(lab.pool(n, "b"), u)
+        assert (st.role, st.epoch) == ("primary", epochs[u] + 1), (u, st.role, st.epoch)
+    parts = [find_state(lab.pool(n, "b"), gid) for n in lab.nodes]
+    assert {(p.role, p.epoch, p.generation) for p in parts} == {("primary", epochs[gid] + 1, parts[0].generation)}
+    for v, n in {**vols, **span}.items():                   # the copies taken over are what b held
+        assert image_sha(at(lab, "b", n), v) == acked[v], v
+
+    rc, again = drsvc(lab, "promote", "--all", "--force")
+    assert rc == 0 and again["result"]["units"] == 0 and again["result"]["changed"] is False, again
