@@ -397,6 +397,65 @@ class Scale:
         log(f"site failover: {json.dumps(out)}")
         return out
 
+    def failback(self, sample: int, parallel: int) -> dict:
+        """Site a returns after the site failover (its Redis and processes start again), and
+        every unit comes home as Ramen's failback drives it at a's controller: DemoteVolume
+        (force), then ResyncVolume (force) until it answers ready, *parallel* units at a time.
+        b's next sync of each, a compare sync on b's schedule, ships only what diverged (the
+        writes a took after its last sync to b). Reported: the wall time until every unit is
+        ready at a (bounded by b's schedule: each unit's next sync), one unit's p50/p99, b's
+        bytes on the wire against the units' size, and a sample of a's copies against b's."""
+        from concurrent.futures import ThreadPoolExecutor
+        from csi_plugin.gen import replication_pb2_grpc
+        units = sorted(self.vols)
+        sent0 = sum(self.describe(v, "b").sent_bytes_total for v in units)
+        t = time.perf_counter()
+        self.lab.start_redis("a")
+        self.lab.up("a")
+        up_s = time.perf_counter() - t
+        channel = grpc.insecure_channel(self.lab.endpoint_of("a"))
+        grpc.channel_ready_future(channel).result(timeout=60)
+        repl = replication_pb2_grpc.ControllerStub(channel)
+        deadline = 3 * self.args.interval + 120
+        t = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=parallel) as pool:
+            done = list(pool.map(lambda v: self._come_home(repl, v, deadline), units))
+        wall = time.perf_counter() - t
+        channel.close()
+        times = [s for s, _ in done if s is not None]
+        errors = [err for s, err in done if s is None]
+        sent = sum(self.describe(v, "b").sent_bytes_total for v in units) - sent0
+        same = sum(sha(self.image(v, "a")) == sha(self.image(v, "b"))
+                   for v in self.rnd.sample(units, min(sample, len(units))))
+        out = {"units": len(units), "parallel": parallel, "site_up_s": round(up_s, 2), "failback_s": round(wall, 2),
+               "unit_ms": summary_ms(times), "ready": len(times), "failed": len(errors), "errors_first": errors[:3],
+               "bytes_on_wire": sent, "bytes_of_units": len(units) * (self.args.mib << 20),
+               "checksummed": {"same": same, "of": min(sample, len(units))},
+               "load_avg_after": [round(x, 2) for x in os.getloadavg()]}
+        log(f"failback: {json.dumps(out)}")
+        return out
+
+    def _come_home(self, repl, vid: str, deadline: float) -> tuple:
+        from csi_plugin.gen import replication_pb2
+        t0 = time.perf_counter()
+        d = replication_pb2.DemoteVolumeRequest(force=True)
+        d.replication_source.volume.volume_id = vid
+        r = replication_pb2.ResyncVolumeRequest(force=True)
+        r.replication_source.volume.volume_id = vid
+        try:
+            self.retried(repl.DemoteVolume, d)
+            while time.perf_counter() - t0 < deadline:
+                try:
+                    if repl.ResyncVolume(r, timeout=120).ready:
+                        return time.perf_counter() - t0, ""
+                except grpc.RpcError as e:
+                    if e.code() != grpc.StatusCode.ABORTED:
+                        raise
+                time.sleep(1.0)
+            return None, f"{vid}: not ready after {deadline:.0f}s"
+        except grpc.RpcError as e:
+            return None, f"{vid}: {e.code().name}: {e.details()}"
+
     def image(self, vid: str, site: str = "a") -> Path:
         return self.lab.pool(self.vols[vid], site) / "images" / f"{vid}.img"
 
@@ -726,6 +785,9 @@ class Scale:
             if a.site_failover:
                 self.out["site_failover"] = self.site_failover(a.verify, a.promote_parallel)
                 self.checkpoint()
+                if a.failback:
+                    self.out["failback"] = self.failback(a.verify, a.promote_parallel)
+                    self.checkpoint()
         finally:
             self.stop.set()
             self.paused.clear()
@@ -770,6 +832,21 @@ def sha(path: Path) -> str:
     return h.hexdigest()
 
 
+def print_takeover(out: dict) -> None:
+    if sf := out.get("site_failover"):
+        how = "one PromoteAll" if sf["parallel"] == "PromoteAll" else f"{sf['parallel']} PromoteVolume calls at a time"
+        print(f"site failover of {sf['units']} units: forced promotes at b ({how}) took "
+              f"{sf['takeover_s']} s (one promote p50 {sf['promote_ms']['p50']} ms, p99 {sf['promote_ms']['p99']} ms); "
+              f"primary at b {sf['primary_at_b']}, not {sf['not_primary']}, promoted twice {sf['promoted_twice']}; "
+              f"replicas against a's image of their generation: {sf['checksummed']}")
+    if fb := out.get("failback"):
+        print(f"failback of {fb['units']} units: a up in {fb['site_up_s']} s, then every unit demoted and resynced "
+              f"(force, {fb['parallel']} at a time) and ready at a in {fb['failback_s']} s (one unit p50 "
+              f"{fb['unit_ms']['p50']} ms, p99 {fb['unit_ms']['p99']} ms; ready {fb['ready']}, failed {fb['failed']}); "
+              f"b shipped {fb['bytes_on_wire']} bytes for {fb['bytes_of_units']} bytes of units; "
+              f"a's copies equal to b's: {fb['checksummed']}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.splitlines()[0])
     ap.add_argument("--volumes", type=int, default=600)
@@ -792,6 +869,8 @@ def main(argv=None) -> int:
     ap.add_argument("--site-failover", action="store_true",
                     help="last: site a killed, then every unit promoted at b with force, timed and checked")
     ap.add_argument("--promote-parallel", type=int, default=16, help="--site-failover's PromoteVolume calls at once")
+    ap.add_argument("--failback", action="store_true",
+                    help="after --site-failover: site a back, every unit demoted and resynced there (force), timed")
     ap.add_argument("--promote-all", action="store_true",
                     help="--site-failover by one PromoteAll at b's controller (a batch per node), not PromoteVolume calls")
     ap.add_argument("--fault-hold", type=float, default=30, help="seconds each fault lasts")
@@ -821,12 +900,7 @@ def main(argv=None) -> int:
               f"PromoteVolume p50 {fo['promote_ms']['p50']} ms p99 {fo['promote_ms']['p99']} ms")
     for f in out["faults"]:
         print(f"fault: {json.dumps(f)}")
-    if sf := out.get("site_failover"):
-        print(f"site failover of {sf['units']} units: forced promotes at b ({sf['parallel']} at a time) took "
-              f"{sf['takeover_s']} s (one promote p50 {sf['promote_ms']['p50']} ms, p99 {sf['promote_ms']['p99']} ms); "
-              f"primary at b "
-              f"{sf['primary_at_b']}, not {sf['not_primary']}, promoted twice {sf['promoted_twice']}; "
-              f"replicas against a's image of their generation: {sf['checksummed']}")
+    print_takeover(out)
     if args.json:
         print(json.dumps(out))
     return 0

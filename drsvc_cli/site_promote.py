@@ -77,7 +77,8 @@ def take_over(c, *, force: bool, dry_run: bool, wait: float, parallel: int = PAR
     PromoteVolume unit by unit (*progress*: a context manager shown meanwhile)."""
     t0 = time.monotonic()
     try:
-        rows, _server_s = c.promote_all(force=force, dry_run=dry_run)
+        # ABORTED: another batch of this site's still runs (an earlier, interrupted call)
+        rows, _server_s = c.until_done(lambda: c.promote_all(force=force, dry_run=dry_run), wait=wait)
         return {"plan": [{k: r[k] for k in COLUMNS} for r in rows]} if dry_run \
             else summarize(rows, time.monotonic() - t0)
     except RpcFailed as e:

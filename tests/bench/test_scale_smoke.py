@@ -2,7 +2,8 @@
 two sizes, and the growth table's figures checked for shape and sense, never speed; then the
 site failover: site a killed, every unit promoted at b with force by one PromoteAll at its
 controller (a batch per node), each exactly once, and the sampled replicas equal to a's image
-of the generation they hold."""
+of the generation they hold; then the failback: site a back, each unit demoted and resynced
+there with force until ready, and a's copies equal to b's."""
 from __future__ import annotations
 
 import json
@@ -19,7 +20,7 @@ def test_growth_run_reports_a_row_per_size(capsys):
                        "--growth-duration", "12", "--duration", "12", "--sample-every", "2",
                        "--failovers", "0", "--creates-under-load", "2", "--pool-size", "1G",
                        "--page", "2", "--listing-gap", "1", "--site-failover", "--verify", "4",
-                       "--promote-all", "--json"]) == 0
+                       "--promote-all", "--failback", "--json"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     out = json.loads(lines[-1])
     assert [st["volumes"] for st in out["stages"]] == [3, 6]
@@ -43,3 +44,7 @@ def test_growth_run_reports_a_row_per_size(capsys):
     assert ck["differ"] == 0 and ck["behind_acked"] == 0 and ck["same_as_a"] >= 1, sf
     assert sf["promote_ms"]["p99"] >= sf["promote_ms"]["p50"] > 0, sf
     assert any(line.startswith("site failover of 6 units") for line in lines)
+    fb = out["failback"]
+    assert fb["units"] == 6 and fb["ready"] == 6 and fb["failed"] == 0, fb
+    assert fb["checksummed"]["same"] == fb["checksummed"]["of"] >= 1, fb
+    assert fb["bytes_on_wire"] < fb["bytes_of_units"], fb      # what diverged, not the units whole
