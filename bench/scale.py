@@ -399,12 +399,13 @@ class Scale:
 
     def failback(self, sample: int, parallel: int) -> dict:
         """Site a returns after the site failover (its Redis and processes start again), and
-        every unit comes home as Ramen's failback drives it at a's controller: DemoteVolume
-        (force), then ResyncVolume (force) until it answers ready, *parallel* units at a time.
-        b's next sync of each, a compare sync on b's schedule, ships only what diverged (the
-        writes a took after its last sync to b). Reported: the wall time until every unit is
-        ready at a (bounded by b's schedule: each unit's next sync), one unit's p50/p99, b's
-        bytes on the wire against the units' size, and a sample of a's copies against b's."""
+        every unit comes home as Ramen's failback drives it at a's controller, every unit's
+        VolumeReplication reconciled at once: DemoteVolume (force) and ResyncVolume (force),
+        then ResyncVolume again until it answers ready, *parallel* calls in flight. b's next
+        sync of each, a compare sync on b's schedule, ships only what diverged (the writes a
+        took after its last sync to b). Reported: the wall time until every unit is ready at
+        a (bounded by b's schedule: each unit's next sync), one unit's p50/p99, b's bytes on
+        the wire against the units' size, and a sample of a's copies against b's."""
         from concurrent.futures import ThreadPoolExecutor
         from csi_plugin.gen import replication_pb2_grpc
         units = sorted(self.vols)
@@ -416,45 +417,60 @@ class Scale:
         channel = grpc.insecure_channel(self.lab.endpoint_of("a"))
         grpc.channel_ready_future(channel).result(timeout=60)
         repl = replication_pb2_grpc.ControllerStub(channel)
-        deadline = 3 * self.args.interval + 120
-        t = time.perf_counter()
+        t, deadline = time.perf_counter(), 3 * self.args.interval + 120
+        started, ready, errors = {}, {}, {}
         with ThreadPoolExecutor(max_workers=parallel) as pool:
-            done = list(pool.map(lambda v: self._come_home(repl, v, deadline), units))
+            for vid, err in zip(units, pool.map(lambda v: self._send_home(repl, v, started), units), strict=True):
+                if err:
+                    errors[vid] = err
+            waiting = [v for v in units if v not in errors]
+            while waiting and time.perf_counter() - t < deadline:
+                for vid, (ok, err) in zip(waiting, pool.map(lambda v: self._resync(repl, v), waiting), strict=True):
+                    if ok:
+                        ready[vid] = time.perf_counter() - started[vid]
+                    elif err:
+                        errors[vid] = err
+                waiting = [v for v in waiting if v not in ready and v not in errors]
+                time.sleep(1.0)
         wall = time.perf_counter() - t
         channel.close()
-        times = [s for s, _ in done if s is not None]
-        errors = [err for s, err in done if s is None]
+        errors.update({v: f"{v}: not ready after {deadline:.0f}s" for v in units if v not in ready and v not in errors})
         sent = sum(self.describe(v, "b").sent_bytes_total for v in units) - sent0
         same = sum(sha(self.image(v, "a")) == sha(self.image(v, "b"))
                    for v in self.rnd.sample(units, min(sample, len(units))))
         out = {"units": len(units), "parallel": parallel, "site_up_s": round(up_s, 2), "failback_s": round(wall, 2),
-               "unit_ms": summary_ms(times), "ready": len(times), "failed": len(errors), "errors_first": errors[:3],
-               "bytes_on_wire": sent, "bytes_of_units": len(units) * (self.args.mib << 20),
+               "unit_ms": summary_ms(list(ready.values())), "ready": len(ready), "failed": len(errors),
+               "errors_first": list(errors.values())[:3], "bytes_on_wire": sent,
+               "bytes_of_units": len(units) * (self.args.mib << 20),
                "checksummed": {"same": same, "of": min(sample, len(units))},
                "load_avg_after": [round(x, 2) for x in os.getloadavg()]}
         log(f"failback: {json.dumps(out)}")
         return out
 
-    def _come_home(self, repl, vid: str, deadline: float) -> tuple:
+    def _send_home(self, repl, vid: str, started: dict) -> str:
+        """DemoteVolume (force), then the first ResyncVolume (force): "" or what failed."""
         from csi_plugin.gen import replication_pb2
-        t0 = time.perf_counter()
+        started[vid] = time.perf_counter()
         d = replication_pb2.DemoteVolumeRequest(force=True)
         d.replication_source.volume.volume_id = vid
+        try:
+            self.retried(repl.DemoteVolume, d)
+        except grpc.RpcError as e:
+            return f"{vid}: {e.code().name}: {e.details()}"
+        return self._resync(repl, vid)[1]
+
+    @staticmethod
+    def _resync(repl, vid: str) -> tuple[bool, str]:
+        """One ResyncVolume (force): (ready, "" or what failed); ABORTED is not ready yet."""
+        from csi_plugin.gen import replication_pb2
         r = replication_pb2.ResyncVolumeRequest(force=True)
         r.replication_source.volume.volume_id = vid
         try:
-            self.retried(repl.DemoteVolume, d)
-            while time.perf_counter() - t0 < deadline:
-                try:
-                    if repl.ResyncVolume(r, timeout=120).ready:
-                        return time.perf_counter() - t0, ""
-                except grpc.RpcError as e:
-                    if e.code() != grpc.StatusCode.ABORTED:
-                        raise
-                time.sleep(1.0)
-            return None, f"{vid}: not ready after {deadline:.0f}s"
+            return repl.ResyncVolume(r, timeout=120).ready, ""
         except grpc.RpcError as e:
-            return None, f"{vid}: {e.code().name}: {e.details()}"
+            if e.code() == grpc.StatusCode.ABORTED:
+                return False, ""
+            return False, f"{vid}: {e.code().name}: {e.details()}"
 
     def image(self, vid: str, site: str = "a") -> Path:
         return self.lab.pool(self.vols[vid], site) / "images" / f"{vid}.img"

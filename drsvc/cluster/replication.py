@@ -111,10 +111,9 @@ class ClusterReplication:
         rows = []
         for n, result in sorted(out.items()):
             if isinstance(result, DrsvcError):       # the node did not answer: its units, failed
-                rows += [{**r, "result": "failed", "error": type(result).__name__, "message": result.message}
-                         for r in listed[n] if r["unit_id"] in set(batches[n])]
-            else:
-                rows += result
+                result = [{"unit_id": u, "result": "failed", "error": type(result).__name__,
+                           "message": result.message} for u in batches[n]]
+            rows += [{**parts[r["unit_id"]][0], **r} for r in result]
         return rows + [self._promote_spanning(parts[u][0], force) for u in spanning]
 
     def _promote_spanning(self, row: dict, force: bool) -> dict:

@@ -137,14 +137,13 @@ class ReplicationRequests:
         return rows
 
     def promote_all(self, *, force: bool, units: list | None = None, wait: float = 0.0) -> list[dict]:
-        """Promote every unit held here as secondary (or those of *units* that are), in one
-        batch on this site's control worker (``jobs.run_promote_all``). Returns a row per
-        unit: ``secondaries``' with the promote's result. *wait* 0: PROMOTE_ALL_WAIT_S a
-        unit past the rpc wait, so a caller hears the batch's own answer."""
-        rows = self.secondaries()
-        if units is not None:
-            wanted = set(units)
-            rows = [r for r in rows if r["unit_id"] in wanted]
+        """Promote every unit held here as secondary, or the units of *units* (a caller that
+        listed them already: the site controller), in one batch on this site's control worker
+        (``jobs.run_promote_all``, where a unit found primary already is answered as it is).
+        Returns a row per unit: its listing's (when listed here) with the promote's result.
+        *wait* 0: PROMOTE_ALL_WAIT_S a unit past the rpc wait, so a caller hears the batch's
+        own answer."""
+        rows = self.secondaries() if units is None else [{"unit_id": u} for u in units]
         if not rows:
             return []
         wait = wait or self.rpc_wait + PROMOTE_ALL_WAIT_S * len(rows)
