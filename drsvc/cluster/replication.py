@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from ..errors import DrsvcError, GroupNotFound, NotGroupConsistent, VolumeNotFound
-from ..replication.control import Info
+from ..replication.control import PROMOTE_ALL_WAIT_S, Info
 from .routing import Router
 from .wire import group_in
 
@@ -105,7 +105,7 @@ class ClusterReplication:
             return [{**rows[0], "result": "would promote"} for _u, rows in sorted(parts.items())]
         batches = {n: [r["unit_id"] for r in listed[n] if len(parts[r["unit_id"]]) == 1] for n in self.router.nodes}
         longest = max((len(b) for b in batches.values()), default=0)
-        node_wait = wait or self.wait + 0.1 * longest
+        node_wait = wait or self.wait + PROMOTE_ALL_WAIT_S * longest
         out = self.router.calls.call_each({n: {"force": force, "units": b, "wait": node_wait}
                                            for n, b in batches.items() if b}, "promote_all", wait=node_wait + self.wait)
         rows = []

@@ -12,6 +12,7 @@ at the old primary when it comes back."""
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import grpc
@@ -28,10 +29,10 @@ NODE = "topology.drsvc.io/node"
 INTERVAL = {"schedulingInterval": "2s"}
 
 
-@pytest.fixture(scope="module")
-def two(tmp_path_factory):
-    lab = NodesLab(tmp_path_factory.mktemp("mn-dr"), sites=("a", "b"), nodes=("n1", "n2"), pool_size="1G",
-                   node_call_timeout=10)
+@contextmanager
+def two_sites(root):
+    """Sites a and b of nodes n1 and n2, up, with a client of each site's controller."""
+    lab = NodesLab(root, sites=("a", "b"), nodes=("n1", "n2"), pool_size="1G", node_call_timeout=10)
     try:
         lab.build()
         lab.up()
@@ -41,6 +42,12 @@ def two(tmp_path_factory):
             c.close()
     finally:
         lab.teardown()
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    with two_sites(tmp_path_factory.mktemp("mn-dr")) as lab:
+        yield lab
 
 
 def at(lab, site, node):

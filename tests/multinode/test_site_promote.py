@@ -11,32 +11,21 @@ import json
 import signal
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import pytest
 
 from csi_plugin.gen import volumegroup_pb2
 from drsvc.replication.common.unit_state import find_state
-from drsvc_lab import NodesLab
 from drsvc_lab.nodes import node_components
 from tests.dr.helpers import wait_for, write_random
-from tests.fixtures.sites import Client, image_sha
-from tests.multinode.test_dr import INTERVAL, at, gen, on
+from tests.fixtures.sites import image_sha
+from tests.multinode.test_dr import INTERVAL, at, gen, on, two_sites
 
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    lab = NodesLab(tmp_path_factory.mktemp("mn-site"), sites=("a", "b"), nodes=("n1", "n2"), pool_size="1G",
-                   node_call_timeout=10)
-    try:
-        lab.build()
-        lab.up()
-        lab.clients = {s: Client(SimpleNamespace(endpoint=lab.endpoint_of(s))) for s in lab.sites}
+    with two_sites(tmp_path_factory.mktemp("mn-site")) as lab:
         yield lab
-        for c in lab.clients.values():
-            c.close()
-    finally:
-        lab.teardown()
 
 
 def drsvc(lab, *args):

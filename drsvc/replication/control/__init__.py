@@ -24,7 +24,7 @@ from ..common.exports import lazy_exports
 
 _EXPORTS = {
     "ReplicationAPI": "api", "Replication": "api", "build": "api",
-    "KNOWN_PARAMETERS": "requests",
+    "KNOWN_PARAMETERS": "requests", "PROMOTE_ALL_WAIT_S": "requests",
     "ReplicationStatus": "read_model", "Info": "read_model", "Unit": "read_model",
     "list_schedules": "read_model", "schedule_of": "read_model", "list_verify_schedules": "read_model",
     "verify_schedule_of": "read_model",

@@ -314,7 +314,9 @@ class ReplicationJobs:
                 row = {"result": "failed", "error": type(e).__name__, "message": e.message}
             except Exception as e:  # noqa: BLE001 - one unit's failure is its row, not the batch's
                 log.exception("promote of %s in batch %s failed", unit_id, batch)
-                row = {"result": "failed", "error": "InternalError", "message": f"{type(e).__name__}: {e}"}
+                row = {"result": "failed", "error": "InternalError",
+                       "message": f"the promote failed unexpectedly ({type(e).__name__}); the control worker's log "
+                                  "has its traceback"}
             return {"unit_id": unit_id, **row, "seconds": round(time.monotonic() - t0, 4)}
         with ThreadPoolExecutor(max_workers=PROMOTE_THREADS, thread_name_prefix="drsvc-promote") as pool:
             return {"batch": batch, "results": list(pool.map(one, units))}
