@@ -189,7 +189,8 @@ def before_apply(layout: PoolLayout, tx: dict, spans, early: dict | None = None)
     if target is not None:
         keep_overwritten(layout, idx, target, tx, spans, early)
     _COSTS.clear()
-    _COSTS[tx["txid"]] = {"prune_s": t1 - t0, "fold_s": t1 - t_fold, "undo_s": time.monotonic() - t1}
+    _COSTS[tx["txid"]] = {"prune_s": t1 - t0, "fold_s": t1 - t_fold,
+                          "undo_s": time.monotonic() - t1 if target is not None else 0.0}
 
 
 def undo_seconds(txid: str) -> float:
