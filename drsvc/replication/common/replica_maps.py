@@ -22,9 +22,11 @@ Neither the digests nor the maps are fsynced on a sync's path: on a 1% sync of 1
 map's pages alone are 4 MiB to write back, and the fsyncs cost the peer 30-40 ms a sync.
 A killed process loses nothing the kernel holds, so both carry the boot they were written
 in (``/proc/sys/kernel/random/boot_id``), and unsynced ones count only within that boot. The
-maps are made durable at most once every ``DURABLE_EVERY`` seconds, and by the promote
-that uses them, so a reboot costs at most the maps' last minute of transactions (they
-are unused until the next role change).
+maps are made durable at most once every ``DURABLE_EVERY`` seconds, so a reboot costs at
+most the maps' last minute of transactions (they are unused until the next role change).
+A promote that uses them makes durable copies of them in the base it seeds: the copy is a
+reflink (which writes the source's dirty pages back first) or a byte copy, then fsynced,
+so the maps themselves need no fsync there.
 
 A Demote seeds them from its final sync's acked snapshot (``seed_from_base``), which holds
 the same content with its maps. It does so only when no write reached the images after that
@@ -188,10 +190,6 @@ class ReplicaMaps:
     def valid(self, st) -> bool:
         """The maps describe the unit's images at its recorded generation (a promote's base)."""
         return bool(st.members) and self._describes(st.generation, st.txid, st.members, st.block_size)
-
-    def make_durable(self, volumes) -> None:
-        """fsync the maps (a promote is about to build a base from them)."""
-        store.fsync_files([self.path(v) for v in volumes], directory=self.dir)
 
     def begin_apply(self, tx: dict, st) -> bool:
         """Before a transaction changes the images: whether the maps can follow it (they

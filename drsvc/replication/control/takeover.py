@@ -24,7 +24,6 @@ from ..receiver.replica import recover
 from ..sender.capture import capture
 from ..sender.generation import Prepared
 from ..sender.prepare import prepare
-from ..sender.records import PlanWriter
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +44,6 @@ def seed_base(pool, unit_id: str) -> str | None:
         maps = ReplicaMaps(layout, unit_id)
         source = "replica maps" if maps.valid(st) else "images"
         if source == "replica maps":
-            maps.make_durable(st.members)
             prepared = _from_maps(layout, st, maps, txid)
         else:
             log.info("%s: no block maps of the replica at generation %d; planning the base from "
@@ -68,7 +66,9 @@ def _from_maps(layout: PoolLayout, st: UnitState, maps: ReplicaMaps, txid: str) 
         captured = capture(layout, list(st.members), tmp, block_size=st.block_size)
         for vol in st.members:
             maps.copy_to(vol, layout.member_map(tmp, vol))
-        PlanWriter(layout.snap_plan(tmp)).close()
+        # a base has no records: its plan is an empty file, made durable by the directory's
+        # fsync when meta.json is written (there are no bytes of it to write back)
+        layout.snap_plan(tmp).touch()
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
