@@ -25,6 +25,8 @@ name, so no path escapes the pool::
                                                 later generations overwrote) or <vol>.img (a whole image)
     schedule-changes/<unit_id>                  an empty mark: the unit's schedule may have changed
                                                 (drsvc.schedule_changes; the scheduler takes them)
+    sync-soon/<unit_id>                         an empty mark: the peer asked for the unit's next sync
+                                                now (a resync or a repair waits on it)
 """
 from __future__ import annotations
 
@@ -114,6 +116,13 @@ class PoolLayout:
 
     def schedule_change_path(self, unit_id: str) -> Path:
         return self.schedule_changes / check_id(unit_id)
+
+    @property
+    def sync_soon(self) -> Path:
+        return self.root / "sync-soon"
+
+    def sync_soon_path(self, unit_id: str) -> Path:
+        return self.sync_soon / check_id(unit_id)
 
     def unit_dir(self, unit_id: str) -> Path:
         if not isinstance(unit_id, str):

@@ -231,6 +231,21 @@ class SiteScheduler:
         self.work.units_read += len(units)
         return len(units)
 
+    def _soon(self) -> int:
+        """The units whose peer asked for their next sync now (a resync or a repair waits on
+        it: ``schedule_changes.ask_soon``): that run moves to now, and the slots after it
+        stay the unit's own. A mark for a unit not synced from here is dropped."""
+        now = time.time()
+        moved = 0
+        for unit_id in schedule_changes.take_soon(self.cfg.pool):
+            cur = self.index.runs.get(unit_id)
+            if cur is None or cur.due <= now:
+                continue
+            self.index.put(Run(unit_id, now, cur.interval, cur.phase))
+            moved += 1
+            log.info("%s: its peer asked for its next sync now", unit_id)
+        return moved
+
     def _enqueue(self, run: Run, node: str) -> None:
         if run.unit_id.startswith(VERIFY_PREFIX):
             enqueue_verify(str(self.cfg.path), run.unit_id.removeprefix(VERIFY_PREFIX), run.interval, node)
@@ -291,6 +306,7 @@ class SiteScheduler:
             self._load(catch_up_missed=False)
         else:
             self._changes()
+        self._soon()
         fired = self._fire_due()
         self._publish_next_runs(time.time())
         self.work.ticks += 1

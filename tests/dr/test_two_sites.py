@@ -151,6 +151,35 @@ def test_forced_failover_split_brain_and_resync(lab):
     assert rep["target_generation"] >= compare[-1]["target_generation"]
 
 
+def test_a_forced_resync_is_shipped_now_not_at_the_primarys_next_slot(lab):
+    """Failback after a forced failover: the returned site is demoted and resynced with force
+    (Ramen's failover sequence: kubernetes-csi-addons internal/controller/replication.storage/
+    volumereplication_controller.go resyncs the demoted side until it is ready). The new
+    primary's next slot is up to an hour away, but the resync asks it for that sync now
+    (the receiver's ``soon`` verb): the compare sync lands in seconds."""
+    A, B = lab.clients["a"], lab.clients["b"]
+    sa, sb = lab.sites["a"], lab.sites["b"]
+    vol = A.create_volume("fb-soon", 16 << 20).volume_id
+    write_random(sa, vol, seed=21)
+    A.retry("EnableVolumeReplication", volume_id=vol, parameters={"schedulingInterval": "1h"}, sidecar=True)
+    wait_for(lambda: generation(sb, vol) >= 1, 30, what="the initial copy")
+    lab.stop_sshd("a")
+    try:
+        B.retry("PromoteVolume", volume_id=vol, force=True, sidecar=True)
+        write_random(sb, vol, count=4, seed=22)
+        write_random(sa, vol, count=4, seed=23)      # a's writes b never got: divergence
+    finally:
+        lab.start_sshd("a")
+    A.retry("DemoteVolume", volume_id=vol)
+    t0 = time.monotonic()
+    wait_for(lambda: A.retry("ResyncVolume", volume_id=vol, force=True).ready, 45,
+             what="the resync, long before the primary's hourly slot")
+    took = time.monotonic() - t0
+    assert image_sha(sa, vol) == image_sha(sb, vol)
+    compare = [r for r in find_state(sb.pool, vol).reports if r["mode"] == "compare"]
+    assert len(compare) == 1, (took, compare)
+
+
 def _synced_at(client, vol) -> float:
     return client.call("GetVolumeReplicationInfo", volume_id=vol).last_sync_time.ToNanoseconds() / 1e9
 

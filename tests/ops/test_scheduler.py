@@ -246,6 +246,36 @@ def test_a_tick_reads_only_the_units_that_changed(tmp_path, redis_port):
         s._resign()
 
 
+def test_a_sync_the_peer_asked_for_now_fires_on_the_next_tick_once(tmp_path, redis_port):
+    """A copy waiting on its primary's sync (a resync, a repair) asks for it now
+    (``schedule_changes.ask_soon``, as the receiver's ``soon`` verb does): the next tick
+    queues that unit's sync, and only it, and the unit's next run is its own slot again,
+    an interval away. A mark for a unit not scheduled here is dropped; a second ask before
+    the tick finds the mark there already."""
+    from drsvc import schedule_changes
+    r = redis.Redis(port=redis_port)
+    later = time.time() + 1800
+    cfg = _pool_of(tmp_path, redis_port, 20, interval=3600, start_time=later)
+    s = _leader(cfg)
+    try:
+        units = sorted(s.index.runs)
+        slot = s.index.runs[units[7]].due
+        enqueue_sync(str(cfg.path), f"vol-{'e' * 24}", 3600)    # the app's connection, made once per process
+        r.delete(cfg.queue)
+        assert schedule_changes.ask_soon(cfg.pool, units[7])
+        assert not schedule_changes.ask_soon(cfg.pool, units[7])
+        assert schedule_changes.ask_soon(cfg.pool, f"vol-{'d' * 24}")     # no such unit here
+        s.tick()
+        assert s.work.per_tick[-1][2] == 1
+        assert [m["unit"] for m in _queued(r, cfg.queue)] == [units[7]]
+        assert s.index.runs[units[7]].due == pytest.approx(slot, abs=1e-3)
+        assert schedule_changes.take_soon(cfg.pool) == []
+        s.tick()
+        assert s.work.per_tick[-1][2] == 0 and len(_queued(r, cfg.queue)) == 1
+    finally:
+        s._resign()
+
+
 def test_the_job_store_of_earlier_versions_is_taken_over(tmp_path):
     """A pool scheduled by APScheduler's SQLAlchemy job store (its table: id, next_run_time
     as epoch seconds, the pickled job) keeps each unit's next run: the first leader after the

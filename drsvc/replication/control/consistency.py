@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 
 from ... import store
@@ -23,9 +24,14 @@ from ...errors import DrsvcError
 from ...layout import PoolLayout
 from ..common.blockmap import BlockMap, hash_image
 from ..common.unit_state import find_state, get_state, mark_diverged, request_resync
-from ..sender.receiver_client import read_maps, reader_for
+from ..sender.receiver_client import ask_soon, read_maps, reader_for
 
 log = logging.getLogger(__name__)
+
+# A copy that still waits on the primary's sync asks for it again at most this often
+# (ResyncVolume is polled; a sync that met an error meanwhile is asked for once more).
+ASK_AGAIN_S = 60.0
+_asked_at: dict[str, float] = {}      # unit id -> when this process last asked its primary
 
 
 @dataclass
@@ -96,6 +102,8 @@ def resync_step(pool, unit_id: str, *, force: bool, open_peer) -> dict:
     only when *force* is set; without it the data is left alone and ready stays False."""
     st = get_state(pool, unit_id)
     if st.resync_requested:
+        if time.monotonic() - _asked_at.get(unit_id, float("-inf")) >= ASK_AGAIN_S:
+            ask_primary_soon(open_peer, unit_id)
         return {"ready": False, "reason": "waiting for the primary's compare sync"}
     if not st.diverged:
         peer = None
@@ -116,4 +124,25 @@ def resync_step(pool, unit_id: str, *, force: bool, open_peer) -> dict:
         return {"ready": False, "reason": "the replica holds data the primary does not; "
                                           "ResyncVolume with force discards it"}
     request_resync(pool, unit_id)
+    ask_primary_soon(open_peer, unit_id)
     return {"ready": False, "reason": "resync requested"}
+
+
+def ask_primary_soon(open_peer, unit_id: str) -> bool:
+    """Ask the primary for its next sync of the unit now: a resync (or a repair) is done by
+    that sync, and waiting for its slot would take up to a whole interval. Never fails the
+    caller: a primary away, or of a release without the ``soon`` verb, ships it on its
+    schedule. True when the primary's scheduler was asked (False: asked already, or the
+    peer is not primary)."""
+    _asked_at[unit_id] = time.monotonic()
+    peer = None
+    try:
+        peer = open_peer()
+        return bool(ask_soon(peer, unit_id).get("asked"))
+    except (DrsvcError, OSError) as e:
+        log.info("%s: the primary was not asked for its next sync now (%s); it comes at its slot",
+                 unit_id, e.message if isinstance(e, DrsvcError) else type(e).__name__)
+        return False
+    finally:
+        if peer is not None:
+            peer.close()

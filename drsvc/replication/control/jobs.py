@@ -393,6 +393,7 @@ class ReplicationJobs:
         """Verify (scrub) the replica held here; with *repair* (or the site's verify_repair on a
         scheduled run), mismatches ask the primary to re-send them: by name with its next delta
         when they are few (``scrub_plan.REPAIR_RUNS``), else by a compare sync."""
+        from .consistency import ask_primary_soon
         from .scrub import Scrub
         st = unit_state.get_state(self.pool, unit_id)
         if st.role != "secondary":
@@ -419,6 +420,7 @@ class ReplicationJobs:
                 else:
                     unit_state.request_resync(self.pool, unit_id)
                 record.ask_repair(by="delta" if runs is not None else "compare")
+                ask_primary_soon(lambda: self.peers(c.peer), unit_id)
                 log.info("verify of %s: repair asked for (the primary's next sync %s)", unit_id,
                          "re-sends the blocks" if runs is not None else "compares")
         else:

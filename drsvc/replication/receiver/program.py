@@ -17,6 +17,8 @@ command; the verb comes from SSH_ORIGINAL_COMMAND (or argv for local use):
     snaphashes UNIT GENERATION [RATE]  block hash maps of the acked snapshot (control.consistency,
                                        control.scrub: RATE caps its reads, bytes per second)
     release UNIT [keep-image|delete-image]
+    soon UNIT                       the peer's copy waits on this primary's next sync of the
+                                    unit (a resync, a repair): the scheduler moves it to now
 
 Anything else is refused (``UnknownVerb``): ``VERBS`` is the one table of verb,
 handler and argument bounds. This module is the program (``main``), the
@@ -165,6 +167,7 @@ VERBS: dict[str, Verb] = {
     "hashes": Verb("verbs:hashes", 2, 4096),
     "snaphashes": Verb("verbs:snapshot_hashes", 2, 3),
     "release": Verb("verbs:release", 1, 2),
+    "soon": Verb("verbs:soon", 1, 1),
 }
 
 

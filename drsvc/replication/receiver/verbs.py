@@ -11,7 +11,7 @@ import os
 import shutil
 import time
 
-from ... import store
+from ... import schedule_changes, store
 from ...errors import (
     InvalidParameter,
     ProtocolError,
@@ -35,6 +35,20 @@ def status(layout: PoolLayout, reader: FrameReader, out: Replies, args: list[str
     unit_id = check_id(args[0])
     with UnitLock(layout, unit_id, for_peer=True):
         out.control(status_of(layout, unit_id, recover(layout, unit_id)))
+
+
+def soon(layout: PoolLayout, reader: FrameReader, out: Replies, args: list[str]) -> None:
+    """The peer's copy waits on this site's next sync of the unit (a resync that discards its
+    divergence, a repair its verify asked for): the scheduler here moves that sync to now
+    (``schedule_changes.ask_soon``). Only a primary syncs, so elsewhere nothing is asked."""
+    unit_id = check_id(args[0])
+    st = find_state(layout.root, unit_id)
+    if st is None:
+        raise UnitNotFound(unit_id=unit_id)
+    if st.role != "primary":
+        out.control({"type": "soon", "asked": False, "reason": f"{unit_id} is {st.role} at this site"})
+        return
+    out.control({"type": "soon", "asked": schedule_changes.ask_soon(layout.root, unit_id)})
 
 
 def _send_map(out: Replies, vol: str, fd: int, block_size: int, pacer: ReadPacer | None = None) -> None:

@@ -233,6 +233,11 @@ def peer_status(peer, unit_id: str) -> dict:
     return _call(peer, "status", unit_id, expect="status")
 
 
+def ask_soon(peer, unit_id: str) -> dict:
+    """Ask the primary for its next sync of the unit now (``verbs.soon``): {"asked": bool}."""
+    return _call(peer, "soon", unit_id, expect="soon")
+
+
 def release_peer(peer, unit_id: str, *, delete_image: bool = False) -> dict:
     return _call(peer, "release", unit_id, "delete-image" if delete_image else "keep-image",
                  expect="released")

@@ -222,3 +222,25 @@ def test_record_beyond_image_is_rejected(site):
     finally:
         s.close()
     assert sha(site.pool / "images" / "v.img") == before
+
+
+def test_the_soon_verb_asks_only_a_primary_and_once(site):
+    """``soon UNIT`` over the replication key (the secondary's resync or repair asking its
+    primary for the next sync now): a replica held as secondary here is not asked, an
+    unknown or malformed id is refused by name, and a primary's scheduler gets one mark
+    until it takes it."""
+    from drsvc.errors import InvalidName, UnitNotFound
+    from drsvc.replication.common import unit_state
+    from drsvc.replication.sender.receiver_client import ask_soon
+    from drsvc.schedule_changes import take_soon
+    _a, peer, _ = _synced(site)
+    got = ask_soon(peer, "v")
+    assert got["asked"] is False and "secondary" in got["reason"]
+    with pytest.raises(UnitNotFound):
+        ask_soon(peer, "w")
+    with pytest.raises(InvalidName):
+        ask_soon(peer, "../v")
+    unit_state.promote(site.pool, "v")
+    assert ask_soon(peer, "v")["asked"] is True
+    assert ask_soon(peer, "v")["asked"] is False
+    assert take_soon(site.pool) == ["v"]
