@@ -402,9 +402,9 @@ class Scale:
         every unit comes home as Ramen's failback drives it at a's controller, every unit's
         VolumeReplication reconciled at once: DemoteVolume (force) and ResyncVolume (force),
         then ResyncVolume again until it answers ready, *parallel* calls in flight. b's next
-        sync of each, a compare sync on b's schedule, ships only what diverged (the writes a
-        took after its last sync to b). Reported: the wall time until every unit is ready at
-        a (bounded by b's schedule: each unit's next sync), one unit's p50/p99, b's bytes on
+        sync of each, a compare sync the resync asks b for now, ships only what diverged (the
+        writes a took after its last sync to b). Reported: the wall time until every unit is
+        ready at a (bounded by b's workers), one unit's p50/p99, b's bytes on
         the wire against the units' size, and a sample of a's copies against b's."""
         from concurrent.futures import ThreadPoolExecutor
         from csi_plugin.gen import replication_pb2_grpc

@@ -126,7 +126,7 @@ class PoolLayout:
 
     def unit_dir(self, unit_id: str) -> Path:
         if not isinstance(unit_id, str):
-            check_id(unit_id)           # raises: not a string (nor hashable, maybe)
+            check_id(unit_id)           # raises InvalidName, before an unhashable value meets the cache
         return _unit_dir(self.root, unit_id)
 
     def state_path(self, unit_id: str) -> Path:
