@@ -404,7 +404,8 @@ class Scale:
         then ResyncVolume again until it answers ready, *parallel* calls in flight. b's next
         sync of each, a compare sync the resync asks b for now, ships only what diverged (the
         writes a took after its last sync to b). Reported: the wall time until every unit is
-        ready at a (bounded by b's workers), one unit's p50/p99, b's bytes on
+        ready at a (at hundreds of units, bounded by a's controller getting through each unit's
+        DemoteVolume and first ResyncVolume), one unit's p50/p99, b's bytes on
         the wire against the units' size, and a sample of a's copies against b's."""
         from concurrent.futures import ThreadPoolExecutor
         from csi_plugin.gen import replication_pb2_grpc
