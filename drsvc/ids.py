@@ -6,9 +6,7 @@ name index.
 """
 from __future__ import annotations
 
-import hashlib
 import re
-import secrets
 
 from .errors import InvalidName, InvalidParameter, MissingField
 
@@ -47,8 +45,10 @@ def check_map(values: dict, what: str) -> dict:
 
 def name_key(kind: str, name: str) -> str:
     """A file-safe key for a client-chosen name."""
+    import hashlib      # here, not at the top: the receiver imports this module and never needs it
     return f"{kind}-" + hashlib.sha256(name.encode()).hexdigest()[:40]
 
 
 def new_id(prefix: str) -> str:
+    import secrets      # as name_key's hashlib
     return f"{prefix}-{secrets.token_hex(12)}"

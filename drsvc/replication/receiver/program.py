@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import socket
 import sys
 import threading
 from collections.abc import Callable
@@ -70,7 +69,7 @@ class Input:
 class Out:
     """Unbuffered frame writer on a file descriptor or socket."""
 
-    def __init__(self, fd: int = 1, sock: socket.socket | None = None):
+    def __init__(self, fd: int = 1, sock=None):       # sock: a connected socket.socket
         self.fd, self.sock = fd, sock
 
     def write(self, data) -> None:
@@ -226,6 +225,7 @@ def main(argv=None) -> int:
         print(f"usage: drsvc-receiver --pool POOL [--connect SOCKET] [VERB ARG...]: {e}", file=sys.stderr)
         return 2
     if connect:
+        import socket       # only here: a channel's receiver (every sync's) reads its pipe
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(connect)
         source = Input(sock.fileno())
