@@ -406,7 +406,10 @@ class Scale:
         writes a took after its last sync to b). Reported: the wall time until every unit is
         ready at a (at hundreds of units, bounded by a's controller getting through each unit's
         DemoteVolume and first ResyncVolume), one unit's p50/p99, b's bytes on
-        the wire against the units' size, and a sample of a's copies against b's."""
+        the wire against the units' size, and a sample of a's copies against b's. With
+        --promote-all, one DemoteAll (resync) at a's controller instead of the DemoteVolume
+        and first ResyncVolume calls, as `drsvc demote --all --resync` sends it (its own time:
+        ``demote_all_s``); then ResyncVolume until ready, as before."""
         from concurrent.futures import ThreadPoolExecutor
         from csi_plugin.gen import replication_pb2_grpc
         units = sorted(self.vols)
@@ -421,9 +424,12 @@ class Scale:
         t, deadline = time.perf_counter(), 3 * self.args.interval + 120
         started, ready, errors = {}, {}, {}
         with ThreadPoolExecutor(max_workers=parallel) as pool:
-            for vid, err in zip(units, pool.map(lambda v: self._send_home(repl, v, started), units), strict=True):
-                if err:
-                    errors[vid] = err
+            if self.args.promote_all:       # one DemoteAll (resync) at a's controller, then each unit polled
+                errors.update(self._demote_all_at_a(channel, started))
+            else:
+                for vid, err in zip(units, pool.map(lambda v: self._send_home(repl, v, started), units), strict=True):
+                    if err:
+                        errors[vid] = err
             waiting = [v for v in units if v not in errors]
             while waiting and time.perf_counter() - t < deadline:
                 for vid, (ok, err) in zip(waiting, pool.map(lambda v: self._resync(repl, v), waiting), strict=True):
@@ -439,7 +445,8 @@ class Scale:
         sent = sum(self.describe(v, "b").sent_bytes_total for v in units) - sent0
         same = sum(sha(self.image(v, "a")) == sha(self.image(v, "b"))
                    for v in self.rnd.sample(units, min(sample, len(units))))
-        out = {"units": len(units), "parallel": parallel, "site_up_s": round(up_s, 2), "failback_s": round(wall, 2),
+        out = {"units": len(units), "parallel": "DemoteAll" if self.args.promote_all else parallel,
+               "demote_all_s": getattr(self, "demote_all_s", None), "site_up_s": round(up_s, 2), "failback_s": round(wall, 2),
                "unit_ms": summary_ms(list(ready.values())), "ready": len(ready), "failed": len(errors),
                "errors_first": list(errors.values())[:3], "bytes_on_wire": sent,
                "bytes_of_units": len(units) * (self.args.mib << 20),
@@ -447,6 +454,18 @@ class Scale:
                "load_avg_after": [round(x, 2) for x in os.getloadavg()]}
         log(f"failback: {json.dumps(out)}")
         return out
+
+    def _demote_all_at_a(self, channel, started: dict) -> dict:
+        """One DemoteAll (resync) at a's controller, as `drsvc demote --all --resync` sends it:
+        {unit: what failed} of its rows, and each unit's start (the call's)."""
+        from csi_plugin.gen import admin_pb2, admin_pb2_grpc
+        t0 = time.perf_counter()
+        started.update(dict.fromkeys(self.vols, t0))
+        out = admin_pb2_grpc.SiteStub(channel).DemoteAll(admin_pb2.DemoteAllRequest(resync=True),
+                                                         timeout=24 * 3600.0)
+        self.demote_all_s = round(time.perf_counter() - t0, 2)
+        return {u.unit_id: f"{u.unit_id}: {u.code}: {u.message}" for u in out.units
+                if u.result == "failed" or u.resync == "failed"}
 
     def _send_home(self, repl, vid: str, started: dict) -> str:
         """DemoteVolume (force), then the first ResyncVolume (force): "" or what failed."""
@@ -857,8 +876,10 @@ def print_takeover(out: dict) -> None:
               f"primary at b {sf['primary_at_b']}, not {sf['not_primary']}, promoted twice {sf['promoted_twice']}; "
               f"replicas against a's image of their generation: {sf['checksummed']}")
     if fb := out.get("failback"):
+        how = (f"by one DemoteAll in {fb['demote_all_s']} s" if fb["parallel"] == "DemoteAll"
+               else f"(force, {fb['parallel']} at a time)")
         print(f"failback of {fb['units']} units: a up in {fb['site_up_s']} s, then every unit demoted and resynced "
-              f"(force, {fb['parallel']} at a time) and ready at a in {fb['failback_s']} s (one unit p50 "
+              f"{how} and ready at a in {fb['failback_s']} s (one unit p50 "
               f"{fb['unit_ms']['p50']} ms, p99 {fb['unit_ms']['p99']} ms; ready {fb['ready']}, failed {fb['failed']}); "
               f"b shipped {fb['bytes_on_wire']} bytes for {fb['bytes_of_units']} bytes of units; "
               f"a's copies equal to b's: {fb['checksummed']}")
@@ -889,7 +910,8 @@ def main(argv=None) -> int:
     ap.add_argument("--failback", action="store_true",
                     help="after --site-failover: site a back, every unit demoted and resynced there (force), timed")
     ap.add_argument("--promote-all", action="store_true",
-                    help="--site-failover by one PromoteAll at b's controller (a batch per node), not PromoteVolume calls")
+                    help="--site-failover by one PromoteAll at b's controller (a batch per node), not PromoteVolume "
+                         "calls; and --failback by one DemoteAll (resync) at a's")
     ap.add_argument("--fault-hold", type=float, default=30, help="seconds each fault lasts")
     ap.add_argument("--settle-intervals", type=float, default=3.0)
     ap.add_argument("--verify", type=int, default=20, help="affected units checksummed after each fault")

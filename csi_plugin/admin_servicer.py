@@ -140,9 +140,19 @@ def promoted_unit(row: dict) -> admin_pb2.PromotedUnit:
         message=row.get("message", ""), epoch=int(row.get("epoch") or 0), seconds=float(row.get("seconds") or 0.0))
 
 
+def demoted_unit(row: dict) -> admin_pb2.DemotedUnit:
+    failed = row.get("result") == "failed" or row.get("resync") == "failed"
+    return admin_pb2.DemotedUnit(
+        unit_id=row["unit_id"], kind=row.get("kind", ""), peer=row.get("peer", ""),
+        generation=int(row.get("generation") or 0), result=row.get("result", "would demote"),
+        code=code_for_name(row.get("error", "")).name if failed else "", message=row.get("message", ""),
+        final_sync=bool(row.get("final_sync")), resync=row.get("resync", ""), seconds=float(row.get("seconds") or 0.0))
+
+
 class Site(admin_pb2_grpc.SiteServicer):
     """*replication*: ``ReplicationAPI`` of a one-node site, ``ClusterReplication`` of a
-    multi-node site's controller; both answer ``promote_all`` with a row per unit."""
+    multi-node site's controller; both answer ``promote_all`` and ``demote_all`` with a row
+    per unit."""
 
     def __init__(self, replication, check_secrets):
         self.replication = replication
@@ -159,3 +169,14 @@ class Site(admin_pb2_grpc.SiteServicer):
             rows = self.replication.promote_all(req.force, wait=req.wait_seconds)
         return admin_pb2.PromoteAllResponse(units=[promoted_unit(r) for r in rows],
                                             seconds=round(time.monotonic() - t0, 4))
+
+    @rpc
+    def DemoteAll(self, req, context):
+        self.check_secrets(dict(req.secrets))
+        t0 = time.monotonic()
+        if req.dry_run:
+            rows = [{**r, "result": "would demote"} for r in self.replication.demote_all(dry_run=True)]
+        else:
+            rows = self.replication.demote_all(resync=req.resync, wait=req.wait_seconds)
+        return admin_pb2.DemoteAllResponse(units=[demoted_unit(r) for r in rows],
+                                           seconds=round(time.monotonic() - t0, 4))

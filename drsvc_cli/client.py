@@ -173,6 +173,16 @@ class DrClient:
                   "epoch", "seconds")
         return [{f: getattr(u, f) for f in fields} for u in out.units], out.seconds
 
+    def demote_all(self, *, resync: bool, dry_run: bool = False, wait: float = 0.0) -> tuple[list[dict], float]:
+        """The Site service's DemoteAll: a row per unit held here as primary, and the
+        server's seconds. UNIMPLEMENTED (RpcFailed) from a plugin without it."""
+        out = self._call(self.site_service.DemoteAll, admin_pb2.DemoteAllRequest(
+            resync=resync, dry_run=dry_run, wait_seconds=wait, secrets=self.secrets),
+            timeout=max(self.timeout, wait + 30.0) if wait else 24 * 3600.0)
+        fields = ("unit_id", "kind", "peer", "generation", "result", "code", "message", "final_sync", "resync",
+                  "seconds")
+        return [{f: getattr(u, f) for f in fields} for u in out.units], out.seconds
+
     @staticmethod
     def unit(volume_id: str = "", group_id: str = "") -> admin_pb2.Unit:
         return admin_pb2.Unit(volume_id=volume_id, volume_group_id=group_id)

@@ -74,8 +74,8 @@ def cmd_disable(args, out):
 def cmd_role(args, out):
     """promote and demote."""
     if getattr(args, "all", False):
-        from .site_promote import cmd_promote_all
-        return cmd_promote_all(args, out)
+        from .site_promote import cmd_demote_all, cmd_promote_all
+        return (cmd_promote_all if args.command == "promote" else cmd_demote_all)(args, out)
     with client(args) as c:
         unit, site = resolve_unit(args, c), c.site()
         before = status_or_none(c, unit)
@@ -155,6 +155,12 @@ def add_parsers(sub, common, unit_args) -> None:
                            help="every unit this site holds as secondary, concurrently (a site failover)")
             p.add_argument("--dry-run", action="store_true", help="with --all: list what would be promoted")
             p.add_argument("--parallel", type=int, default=PARALLEL, help="with --all: promotes in flight at once")
+        if name == "demote":
+            p.add_argument("--all", action="store_true",
+                           help="every unit this site holds as primary, in one batch per node (a site's failback)")
+            p.add_argument("--resync", action="store_true",
+                           help="with --all: then discard what diverged and follow the peer (resync --force)")
+            p.add_argument("--dry-run", action="store_true", help="with --all: list what would be demoted")
         p.set_defaults(fn=fn, needs_unit=True)
     p = sub.add_parser("resync", parents=[common, unit_args],
                        help="check this copy against the primary; with --force discard divergence and follow it")

@@ -105,12 +105,15 @@ def unauthenticated_hint(args) -> str:
 
 def check_unit_args(args) -> None:
     if getattr(args, "all", False):
+        held = "primary" if args.command == "demote" else "secondary"
         if args.volume or args.group or getattr(args, "point", None):
-            raise UsageError("--all takes every unit held here as secondary: give it without --volume, "
+            raise UsageError(f"--all takes every unit held here as {held}: give it without --volume, "
                              "--group or --point")
         return
     if getattr(args, "dry_run", False):
         raise UsageError("--dry-run goes with --all")
+    if getattr(args, "resync", False):
+        raise UsageError("--resync goes with --all (one unit: drsvc resync --force)")
     if bool(args.volume) == bool(args.group):
         raise UsageError("give exactly one of --volume or --group")
 

@@ -8,6 +8,11 @@ twice, a unit already primary is not listed, and a second run after an interrupt
 only what is left. `--dry-run` lists what would be promoted, with each copy's data age, and
 changes nothing. A plugin without the Site service (an older release) is driven unit by unit
 instead: PromoteVolume calls, --parallel at a time, each retried while it answers ABORTED.
+
+`drsvc demote --all` is its counterpart at the site that comes back (``DemoteAll``): every
+unit held here as primary is demoted in one batch per node, each as its own DemoteVolume
+would be, and with `--resync` then resynced with force, so the peer's next sync (asked for
+now) ships what diverged. It needs the Site service's DemoteAll (this release's plugins).
 """
 from __future__ import annotations
 
@@ -110,4 +115,39 @@ def cmd_promote_all(args, out) -> int:
             + (f"; {len(failed)} failed: run it again to retry them" if failed else ""))
     rc = out.change("promote --all", site, bool(summary["promoted"]), line, summary,
                     table=(failed, ["unit_id", "kind", "code", "message"]) if failed else None)
+    return rc if not failed else 1
+
+
+DEMOTE_COLUMNS = ["unit_id", "kind", "peer", "generation"]
+
+
+def cmd_demote_all(args, out) -> int:
+    with client(args) as c:
+        site = c.site()
+        t0 = time.monotonic()
+        # ABORTED: another batch of this site's still runs (an earlier, interrupted call)
+        rows, _server_s = c.until_done(lambda: c.demote_all(resync=args.resync, dry_run=args.dry_run),
+                                       wait=args.wait)
+        seconds = time.monotonic() - t0
+    if args.dry_run:
+        plan = [{k: r[k] for k in DEMOTE_COLUMNS} for r in rows]
+        line = (f"site {site}: would demote {len(plan)} unit(s) held here as primary"
+                + (" and resync them" if args.resync else "") + "; nothing changed (--dry-run)")
+        return out.change("demote --all", site, False, line, {"dry_run": True, "units": plan},
+                          table=(plan, DEMOTE_COLUMNS) if plan else None)
+    failed = [r for r in rows if r["result"] == "failed" or r["resync"] == "failed"]
+    demoted = [r for r in rows if r["result"] == "demoted"]
+    times = [r["seconds"] for r in demoted]
+    summary = {"units": len(rows), "demoted": len(demoted), "failed": len(failed), "seconds": round(seconds, 3),
+               "demote_p50_seconds": _percentile(times, 0.5), "demote_p99_seconds": _percentile(times, 0.99),
+               "without_final_sync": sum(1 for r in demoted if not r["final_sync"]),
+               "resync_requested": sum(1 for r in rows if r["resync"] == "requested"),
+               "resync_ready": sum(1 for r in rows if r["resync"] == "ready"), "results": rows}
+    line = (f"site {site}: demoted {len(demoted)} of {len(rows)} unit(s) in {seconds:.1f}s"
+            + (f", {summary['without_final_sync']} without a final sync (diverged)" if summary["without_final_sync"] else "")
+            + (f"; resync: {summary['resync_ready']} ready, {summary['resync_requested']} asked of the peer "
+               "(watch drsvc status)" if args.resync else "")
+            + (f"; {len(failed)} failed: run it again to retry them" if failed else ""))
+    rc = out.change("demote --all", site, bool(demoted or summary["resync_requested"]), line, summary,
+                    table=(failed, ["unit_id", "kind", "result", "resync", "code", "message"]) if failed else None)
     return rc if not failed else 1

@@ -22,7 +22,7 @@ from . import inflight, slots
 log = logging.getLogger(__name__)
 
 RELEASE_RETRY_S = 120.0   # how long a finished task keeps trying to drop its claim while Redis is away
-OPS = ("enable", "disable", "promote", "promote_all", "demote", "resync", "sync", "verify")
+OPS = ("enable", "disable", "promote", "promote_all", "demote", "demote_all", "resync", "sync", "verify")
 _services: dict = {}
 
 

@@ -328,6 +328,11 @@ class SiteStub:
                 request_serializer=admin__pb2.PromoteAllRequest.SerializeToString,
                 response_deserializer=admin__pb2.PromoteAllResponse.FromString,
                 _registered_method=True)
+        self.DemoteAll = channel.unary_unary(
+                '/drsvc.admin.v1.Site/DemoteAll',
+                request_serializer=admin__pb2.DemoteAllRequest.SerializeToString,
+                response_deserializer=admin__pb2.DemoteAllResponse.FromString,
+                _registered_method=True)
 
 
 class SiteServicer:
@@ -341,6 +346,12 @@ class SiteServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DemoteAll(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SiteServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -348,6 +359,11 @@ def add_SiteServicer_to_server(servicer, server):
                     servicer.PromoteAll,
                     request_deserializer=admin__pb2.PromoteAllRequest.FromString,
                     response_serializer=admin__pb2.PromoteAllResponse.SerializeToString,
+            ),
+            'DemoteAll': grpc.unary_unary_rpc_method_handler(
+                    servicer.DemoteAll,
+                    request_deserializer=admin__pb2.DemoteAllRequest.FromString,
+                    response_serializer=admin__pb2.DemoteAllResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -379,6 +395,33 @@ class Site:
             '/drsvc.admin.v1.Site/PromoteAll',
             admin__pb2.PromoteAllRequest.SerializeToString,
             admin__pb2.PromoteAllResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DemoteAll(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/drsvc.admin.v1.Site/DemoteAll',
+            admin__pb2.DemoteAllRequest.SerializeToString,
+            admin__pb2.DemoteAllResponse.FromString,
             options,
             channel_credentials,
             insecure,

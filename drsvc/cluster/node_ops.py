@@ -26,6 +26,7 @@ NODE_ONLY_OPS = frozenset({
     "forget_group_part",
     "replication",              # a Replication RPC (ReplicationControl) on a unit of this node
     "promote_all",              # this node's part of a site failover: its secondaries, in one batch
+    "demote_all",               # ... of a site's failback: its primaries, in one batch
     "round_state",              # a spanning group's part: its applied and prepared generation
     "settle_round",             # ... and the round left prepared, applied or dropped
 })
@@ -162,6 +163,13 @@ class NodeOps:
         if self.replication is None:
             raise ReplicationNotConfigured(site=self.ctl.site_name)
         return self.replication.promote_all(bool(force), dry_run=bool(dry_run), units=units, wait=float(wait))
+
+    def op_demote_all(self, resync: bool = False, dry_run: bool = False, units: list | None = None,
+                      wait: float = 0.0) -> list:
+        """The units held here as primary (*dry_run*), or those of *units*, demoted in one batch."""
+        if self.replication is None:
+            raise ReplicationNotConfigured(site=self.ctl.site_name)
+        return self.replication.demote_all(resync=bool(resync), dry_run=bool(dry_run), units=units, wait=float(wait))
 
     def op_round_state(self, unit_id: str) -> dict:
         """A spanning group's part here: applied generation, and a round left prepared."""

@@ -116,6 +116,46 @@ class ClusterReplication:
             rows += [{**parts[r["unit_id"]][0], **r} for r in result]
         return rows + [self._promote_spanning(parts[u][0], force) for u in spanning]
 
+    def demote_all(self, *, resync: bool = False, dry_run: bool = False, wait: float = 0.0) -> list[dict]:
+        """A site's failback: every unit this site holds as primary, demoted (and with
+        *resync* resynced with force) in one batch per node (``NodeOps.op_demote_all``), all
+        nodes at once; a group spanning nodes is demoted as its own DemoteVolume is, each
+        part in turn. Returns a row per unit (one per spanning group), as the nodes report them."""
+        listed = self.router.call_all({n: {"dry_run": True} for n in self.router.nodes}, "demote_all")
+        parts: dict[str, list] = {}
+        for n in self.router.nodes:
+            for row in listed[n]:
+                parts.setdefault(row["unit_id"], []).append(row)
+        spanning = sorted(u for u, rows in parts.items() if len(rows) > 1)
+        if dry_run:
+            return [{**rows[0], "result": "would demote"} for _u, rows in sorted(parts.items())]
+        batches = {n: [r["unit_id"] for r in listed[n] if len(parts[r["unit_id"]]) == 1] for n in self.router.nodes}
+        longest = max((len(b) for b in batches.values()), default=0)
+        node_wait = wait or self.wait + PROMOTE_ALL_WAIT_S * longest * (2 if resync else 1)
+        out = self.router.calls.call_each({n: {"resync": resync, "units": b, "wait": node_wait}
+                                           for n, b in batches.items() if b}, "demote_all", wait=node_wait + self.wait)
+        rows = []
+        for n, result in sorted(out.items()):
+            if isinstance(result, DrsvcError):       # the node did not answer: its units, failed
+                result = [{"unit_id": u, "result": "failed", "error": type(result).__name__,
+                           "message": result.message} for u in batches[n]]
+            rows += [{**parts[r["unit_id"]][0], **r} for r in result]
+        return rows + [self._demote_spanning(parts[u][0], resync) for u in spanning]
+
+    def _demote_spanning(self, row: dict, resync: bool) -> dict:
+        t0 = time.monotonic()
+        out = {"result": "failed"}
+        try:
+            self.demote("group", row["unit_id"], False)
+            out["result"] = "demoted"
+            if resync:
+                out["resync"] = "ready" if self.resync("group", row["unit_id"], True) else "requested"
+        except DrsvcError as e:
+            if out["result"] == "demoted":
+                out["resync"] = "failed"
+            out.update(error=type(e).__name__, message=e.message)
+        return {**row, **out, "seconds": round(time.monotonic() - t0, 4)}
+
     def _promote_spanning(self, row: dict, force: bool) -> dict:
         t0 = time.monotonic()
         try:

@@ -4,7 +4,9 @@ groups) in one call of b's Site service (PromoteAll: one batch on b's control wo
 promoted as the PromoteVolume a csi-addons controller sends would promote it
 (kubernetes-csi-addons internal/controller/replication.storage/volumereplication_controller.go,
 markVolumeAsPrimary with force). A dry run first changes nothing; a second run finds nothing
-left to do; no unit is promoted twice (each epoch goes up by one). The same through
+left to do; no unit is promoted twice (each epoch goes up by one). Then the failback's first
+half at a, back with writes b never got: `drsvc demote --all --resync` (DemoteAll) demotes
+and resyncs every unit there in one batch, and b's next syncs bring a's copies to b's. The same through
 playbooks/site-failover.yml and its module drsvc_site: check mode lists and changes nothing."""
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import pytest
 from csi_plugin.gen import volumegroup_pb2
 from drsvc_cli.client import DrClient
 from tests.ansible.test_playbooks import ansible, replicated_volume  # noqa: F401 - the fixture
-from tests.dr.helpers import wait_synced_after, write_random
+from tests.dr.helpers import wait_for, wait_synced_after, write_random
 from tests.fixtures.sites import image_sha
 
 INTERVAL = {"schedulingInterval": "2s"}
@@ -78,6 +80,35 @@ def test_promote_all_takes_over_a_lost_site(lab):
     assert rc == 0 and again["result"]["units"] == 0 and again["result"]["changed"] is False
     assert {u: after[u]["epoch"] for u in units} == \
         {u: x["epoch"] for u, x in ((x["unit_id"], x) for x in drsvc(sb, "status")[1]["result"]) if u in units}
+
+    # site a comes back with its units still primary there, and a write b never got (taken
+    # after the cut); b has written too. `demote --all --resync` at a is the failback's first
+    # half, as Ramen's failback demotes and resyncs each VolumeReplication at the old primary
+    # (volumereplication_controller.go: markVolumeAsSecondary, then resync with force)
+    write_random(sa, vols[0], count=2, seed=77)
+    write_random(sb, vols[1], count=2, seed=78)
+    lab.start_sshd("a")
+    rc, dry = drsvc(sa, "demote", "--all", "--resync", "--dry-run")
+    assert rc == 0 and dry["result"]["changed"] is False and {u["unit_id"] for u in dry["result"]["units"]} >= units
+    assert all(u["role"] == "primary" for u in drsvc(sa, "status")[1]["result"] if u["unit_id"] in units)
+    rc, back = drsvc(sa, "demote", "--all", "--resync")
+    r = back["result"]
+    assert rc == 0 and r["failed"] == 0 and r["demoted"] >= len(units), back
+    mine = {x["unit_id"]: x for x in r["results"] if x["unit_id"] in units}
+    # b is primary: no final sync could land, so each copy at a is marked diverged and resynced
+    assert set(mine) == units and all(not x["final_sync"] and x["resync"] in ("requested", "ready")
+                                      for x in mine.values()), r
+    A = lab.clients["a"]
+
+    def home(unit: str) -> bool:
+        key = {"group_id": unit} if unit == gid else {"volume_id": unit}
+        return A.call("ResyncVolume", force=True, sidecar=unit == gid, **key).ready
+    wait_for(lambda: all(home(u) for u in units), timeout=90, what="every unit at a resynced from b")
+    for v in [*vols, *members]:                       # a follows b again: its divergence is gone
+        assert image_sha(sa, v) == image_sha(sb, v), v
+    assert all(u["role"] == "secondary" for u in drsvc(sa, "status")[1]["result"] if u["unit_id"] in units)
+    rc, again = drsvc(sa, "demote", "--all", "--resync")
+    assert rc == 0 and again["result"]["units"] == 0 and again["result"]["changed"] is False
 
 
 def test_promote_all_is_refused_with_a_unit_named():

@@ -3,7 +3,8 @@ endpoint. The controller serves the Site service (PromoteAll), which the CLI cal
 storage node promotes its own units as one batch on its control worker, and a group spanning
 nodes is promoted as its own PromoteVolume would be (its parts settled first), so both parts
 take over at one generation and one epoch. A dry run lists every unit once and changes
-nothing; a second run finds nothing left. The CLI's other commands still need a node's
+nothing; a second run finds nothing left. Then site a comes back and `drsvc demote --all
+--resync` at its controller (DemoteAll) hands every unit home to b's copies. The CLI's other commands still need a node's
 endpoint there (the controller serves no Admin service)."""
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ def lab(tmp_path_factory):
         yield lab
 
 
-def drsvc(lab, *args):
-    p = subprocess.run([sys.executable, "-m", "drsvc_cli.main", *args, "--endpoint", lab.endpoint_of("b"), "--json"],
+def drsvc(lab, *args, site="b"):
+    p = subprocess.run([sys.executable, "-m", "drsvc_cli.main", *args, "--endpoint", lab.endpoint_of(site), "--json"],
                        capture_output=True, text=True, timeout=300)
     return p.returncode, json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -75,3 +76,22 @@ def test_promote_all_at_a_multi_node_controller(lab):
 
     rc, again = drsvc(lab, "promote", "--all", "--force")
     assert rc == 0 and again["result"]["units"] == 0 and again["result"]["changed"] is False, again
+
+    # site a comes back, its units still primary there: `demote --all --resync` at its
+    # controller demotes each node's units in one batch and the spanning group by itself, and
+    # resyncs them all; b's next syncs bring every copy at a to b's
+    for n in lab.nodes:
+        lab.start_sshd("a", n)
+    lab.up("a")
+    rc, back = drsvc(lab, "demote", "--all", "--resync", site="a")
+    r = back["result"]
+    assert rc == 0 and r["failed"] == 0 and sorted(x["unit_id"] for x in r["results"]) == sorted(where), back
+    assert all(x["result"] == "demoted" and x["resync"] in ("requested", "ready") for x in r["results"]), back
+
+    def home(u: str) -> bool:
+        key = {"group_id": u} if u == gid else {"volume_id": u}
+        return A.call("ResyncVolume", force=True, sidecar=u == gid, **key).ready
+    wait_for(lambda: all(home(u) for u in where), 120, what="every unit at a resynced from b")
+    assert all(find_state(lab.pool(n, "a"), u).role == "secondary" for u, n in where.items())
+    for v, n in {**vols, **span}.items():
+        assert image_sha(at(lab, "a", n), v) == image_sha(at(lab, "b", n), v), v

@@ -28,7 +28,8 @@ class Calls:
         self.down, self.batches = set(down), {}
 
     def call_each(self, calls: dict, op: str, *, wait: float) -> dict:
-        assert op == "promote_all"
+        assert op in ("promote_all", "demote_all")
+        self.op = op
         out = {}
         for n, kw in calls.items():
             if kw.get("dry_run"):
@@ -37,7 +38,10 @@ class Calls:
                 out[n] = NodeUnreachable(node=n, reason="no answer")
             else:
                 self.batches[n] = kw
-                out[n] = [{"unit_id": u, "result": "promoted", "epoch": 2, "seconds": 0.01} for u in kw["units"]]
+                out[n] = [{"unit_id": u, "result": "promoted", "epoch": 2, "seconds": 0.01} for u in kw["units"]] \
+                    if op == "promote_all" else \
+                    [{"unit_id": u, "result": "demoted", "final_sync": False, "resync": "requested", "seconds": 0.01}
+                     for u in kw["units"]]
         return out
 
 
@@ -50,6 +54,13 @@ class Replication(ClusterReplication):
 
     def promote(self, kind, ident, force, params=None):      # a spanning group's own promote
         self.spanning.append((kind, ident, force))
+
+    def demote(self, kind, ident, force):                    # ... and its own demote and resync
+        self.spanning.append(("demote", kind, ident))
+
+    def resync(self, kind, ident, force):
+        self.spanning.append(("resync", kind, ident, force))
+        return False
 
 
 def test_each_node_promotes_its_own_units_and_a_spanning_group_goes_alone():
@@ -80,6 +91,24 @@ def test_a_node_that_does_not_answer_fails_only_its_units():
     assert rows["n2.v2"]["generation"] == 5                   # the row its node listed
     assert code_for_name(rows["n2.v2"]["error"]) == grpc.StatusCode.UNAVAILABLE
     assert {rows[u]["result"] for u in ("n1.v1", "n3.v3", "n1.g")} == {"promoted"}
+
+
+def test_a_site_demote_sends_each_node_its_own_units_and_resyncs_a_spanning_group_after_its_demote():
+    """ClusterReplication.demote_all, the controller's side of Site.DemoteAll: the same cut
+    as promote_all's, with the resync asked of every batch and of the spanning group."""
+    calls = Calls()
+    r = Replication(calls)
+    rows = {x["unit_id"]: x for x in r.demote_all(resync=True)}
+    assert calls.op == "demote_all"
+    assert {n: kw["units"] for n, kw in calls.batches.items()} == {"n1": ["n1.v1"], "n2": ["n2.v2"], "n3": ["n3.v3"]}
+    assert all(kw["resync"] for kw in calls.batches.values())
+    assert r.spanning == [("demote", "group", "n1.g"), ("resync", "group", "n1.g", True)]
+    assert rows["n1.g"]["result"] == "demoted" and rows["n1.g"]["resync"] == "requested"
+    assert rows["n3.v3"] == {"unit_id": "n3.v3", "kind": "volume", "generation": 6, "result": "demoted",
+                             "final_sync": False, "resync": "requested", "seconds": 0.01}
+    dry = Replication(Calls()).demote_all(dry_run=True)
+    assert [x["unit_id"] for x in dry] == ["n1.g", "n1.v1", "n2.v2", "n3.v3"]
+    assert {x["result"] for x in dry} == {"would demote"}
 
 
 def test_an_unknown_error_name_is_internal():

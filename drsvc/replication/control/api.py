@@ -60,6 +60,14 @@ class ReplicationAPI:
             return self.requests.secondaries()
         return self.requests.promote_all(force=force, units=units, wait=wait)
 
+    def demote_all(self, *, resync: bool = False, dry_run: bool = False, units: list | None = None,
+                   wait: float = 0.0) -> list[dict]:
+        """Every unit held here as primary: listed (*dry_run*), or demoted in one batch (and
+        resynced with force, with *resync*)."""
+        if dry_run:
+            return [{k: v for k, v in r.items() if k != "members"} for r in self.requests.primaries()]
+        return self.requests.demote_all(resync=resync, units=units, wait=wait)
+
     def demote(self, kind: str, ident: str, force: bool) -> None:
         self.requests.demote(self.status.resolve(kind, ident), force=force)
 

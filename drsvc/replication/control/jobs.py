@@ -59,6 +59,13 @@ JOB_MODULES = ("drsvc.replication.sender.sync", "drsvc.replication.control.takeo
 PROMOTE_THREADS = 8
 
 
+def unexpected(action: str, e: Exception) -> dict:
+    """A batch's row for a unit whose *action* failed with an error drsvc does not name."""
+    return {"result": "failed", "error": "InternalError",
+            "message": f"the {action} failed unexpectedly ({type(e).__name__}); the control worker's log "
+                       "has its traceback"}
+
+
 class ReplicationJobs:
     def __init__(self, cfg: SiteConfig, pool: Path, *, volumes, groups, node,
                  peers: Callable[[str], Peer], dispatcher: Dispatcher | None):
@@ -314,12 +321,49 @@ class ReplicationJobs:
                 row = {"result": "failed", "error": type(e).__name__, "message": e.message}
             except Exception as e:  # noqa: BLE001 - one unit's failure is its row, not the batch's
                 log.exception("promote of %s in batch %s failed", unit_id, batch)
-                row = {"result": "failed", "error": "InternalError",
-                       "message": f"the promote failed unexpectedly ({type(e).__name__}); the control worker's log "
-                                  "has its traceback"}
+                row = unexpected("promote", e)
             return {"unit_id": unit_id, **row, "seconds": round(time.monotonic() - t0, 4)}
         with ThreadPoolExecutor(max_workers=PROMOTE_THREADS, thread_name_prefix="drsvc-promote") as pool:
             return {"batch": batch, "results": list(pool.map(one, units))}
+
+    def run_demote_all(self, batch: str, *, units: list, resync: bool = False) -> dict:
+        """Demote *units* of this node, PROMOTE_THREADS at a time (a site's failback, or the
+        first half of a planned site failover): each as ``run_demote`` does, under its own
+        role lock, so a unit found secondary already is answered as it is. With *resync*,
+        each is then resynced with force (``run_resync``): the peer, asked for its next sync
+        now, ships what diverged. The per-unit results carry each failure by its error's name."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(unit_id: str) -> dict:
+            t0 = time.monotonic()
+            row = self._demote_one(batch, unit_id)
+            if resync and row["result"] != "failed":
+                row.update(self._resync_one(batch, unit_id))
+            return {"unit_id": unit_id, **row, "seconds": round(time.monotonic() - t0, 4)}
+        with ThreadPoolExecutor(max_workers=PROMOTE_THREADS, thread_name_prefix="drsvc-demote") as pool:
+            return {"batch": batch, "results": list(pool.map(one, units))}
+
+    def _demote_one(self, batch: str, unit_id: str) -> dict:
+        try:
+            out = self.run_demote(unit_id)
+        except DrsvcError as e:
+            return {"result": "failed", "error": type(e).__name__, "message": e.message}
+        except Exception as e:  # noqa: BLE001 - one unit's failure is its row, not the batch's
+            log.exception("demote of %s in batch %s failed", unit_id, batch)
+            return unexpected("demote", e)
+        if "final_sync" not in out:
+            return {"result": "secondary", "final_sync": False}
+        return {"result": "demoted", "final_sync": out["final_sync"] is not None}
+
+    def _resync_one(self, batch: str, unit_id: str) -> dict:
+        try:
+            out = self.run_resync(unit_id, force=True)
+        except DrsvcError as e:
+            return {"resync": "failed", "error": type(e).__name__, "message": e.message}
+        except Exception as e:  # noqa: BLE001 - as _demote_one
+            log.exception("resync of %s in batch %s failed", unit_id, batch)
+            return {"resync": "failed", **{k: v for k, v in unexpected("resync", e).items() if k != "result"}}
+        return {"resync": "ready" if out.get("ready") else "requested"}
 
     def _promote(self, unit_id: str, *, force: bool, point: int | None) -> dict:
         from ..points.restore import take_over

@@ -11,6 +11,7 @@ from ... import store
 from ...config import SiteConfig
 from ...dispatch import Dispatcher
 from ...errors import (
+    DrsvcError,
     InvalidParameter,
     NotPrimary,
     NotSecondary,
@@ -42,6 +43,7 @@ CO_PREFIXES = ("replication.storage.openshift.io/", "csi.storage.k8s.io/", "csia
 
 PROMOTE_ALL_BATCH = "promote-all"   # the in-flight claim of this site's (node's) promote batch
 PROMOTE_ALL_WAIT_S = 0.1              # a batch's wait, per unit, past the rpc wait
+DEMOTE_ALL_BATCH = "demote-all"     # ... and of its demote batch
 
 
 class ReplicationRequests:
@@ -152,6 +154,51 @@ class ReplicationRequests:
         done = {r["unit_id"]: r for r in out["results"]}
         return [{**r, **done.get(r["unit_id"], {"result": "failed", "error": "InternalError",
                                                 "message": "the batch did not report it"})} for r in rows]
+
+    def primaries(self) -> list[dict]:
+        """Every unit held here as primary, with what a runbook shows of it."""
+        rows = []
+        for unit_id in self.status.units():
+            try:
+                info, kind, members = self.status.row(unit_id)
+            except UnitNotFound:
+                continue            # its records are not written yet
+            if info.role == "primary":
+                rows.append({"unit_id": unit_id, "kind": kind, "peer": info.peer, "generation": info.generation,
+                             "members": members})
+        return rows
+
+    def demote_all(self, *, resync: bool, units: list | None = None, wait: float = 0.0) -> list[dict]:
+        """Demote every unit held here as primary, or the units of *units* (listed already by
+        the site controller), in one batch on this site's control worker
+        (``jobs.run_demote_all``); with *resync*, each is then resynced with force. A unit
+        whose volume is attached read-write here is refused, as its own DemoteVolume is.
+        Returns a row per unit, as ``promote_all`` does."""
+        rows = self.primaries() if units is None else [{"unit_id": u, **self._members_of(u)} for u in units]
+        refused, batch = {}, []
+        for r in rows:
+            try:
+                for vid in r.get("members") or ():
+                    self.node.ensure_not_attached_read_write(vid)
+                batch.append(r["unit_id"])
+            except DrsvcError as e:
+                refused[r["unit_id"]] = {"result": "failed", "error": type(e).__name__, "message": e.message}
+        done = {}
+        if batch:
+            wait = wait or self.rpc_wait + PROMOTE_ALL_WAIT_S * len(batch) * (2 if resync else 1)
+            out = self.dispatcher.run("demote_all", DEMOTE_ALL_BATCH, {"units": batch, "resync": bool(resync)},
+                                      wait=wait)
+            done = {r["unit_id"]: r for r in out["results"]}
+        missing = {"result": "failed", "error": "InternalError", "message": "the batch did not report it"}
+        return [{**{k: v for k, v in r.items() if k != "members"},
+                 **(refused.get(r["unit_id"]) or done.get(r["unit_id"], missing))} for r in rows]
+
+    def _members_of(self, unit_id: str) -> dict:
+        try:
+            _info, kind, members = self.status.row(unit_id)
+        except UnitNotFound:
+            return {}
+        return {"kind": kind, "members": members}
 
     def _restore_point(self, unit: Unit, text: str) -> int | None:
         st = unit_state.find_state(self.pool, unit.unit_id)
