@@ -404,8 +404,8 @@ class Scale:
         then ResyncVolume again until it answers ready, *parallel* calls in flight. b's next
         sync of each, a compare sync the resync asks b for now, ships only what diverged (the
         writes a took after its last sync to b). Reported: the wall time until every unit is
-        ready at a (at hundreds of units, bounded by a's controller getting through each unit's
-        DemoteVolume and first ResyncVolume), one unit's p50/p99, b's bytes on
+        ready at a (at hundreds of units, bounded by b's compare syncs, each of which reads the
+        whole of both copies to find what differs), one unit's p50/p99, b's bytes on
         the wire against the units' size, and a sample of a's copies against b's. With
         --promote-all, one DemoteAll (resync) at a's controller instead of the DemoteVolume
         and first ResyncVolume calls, as `drsvc demote --all --resync` sends it (its own time:
