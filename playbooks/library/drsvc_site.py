@@ -1,18 +1,23 @@
 #!/usr/bin/python
-"""Ansible module: take over every unit a drsvc site holds as secondary (a site failover)."""
+"""Ansible module: take over every unit a drsvc site holds as secondary (a site failover), or
+hand every unit it holds as primary to the peer's copies (a site's failback)."""
 from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
 module: drsvc_site
-short_description: Promote every unit a drsvc site holds as secondary, at once
+short_description: Promote every unit a drsvc site holds as secondary, or demote every primary, at once
 description:
   - At the surviving site of a pair, promotes every volume and group it holds as a secondary
     copy, concurrently, each with the same PromoteVolume call as M(drsvc_replication) with
     C(state=primary). A group's members go with it.
   - A unit already primary is left as it is, so the task is safe to run again after an
     interrupted run: it promotes only what is left.
-  - Check mode lists the units that would be promoted and changes nothing.
+  - With C(state=secondary), at the site that comes back after a site failover, demotes every
+    unit it holds as primary in one call of the site's Site service (DemoteAll: a batch per
+    storage node), each as M(drsvc_replication) with C(state=secondary) would, and with
+    C(resync) then resyncs each with force, so the peer ships what diverged.
+  - Check mode lists the units that would be promoted (demoted) and changes nothing.
 requirements:
   - The target's Python must have drsvc installed (set C(ansible_python_interpreter)).
 options:
@@ -21,12 +26,17 @@ options:
     type: str
     required: true
   state:
-    description: C(primary) promotes every secondary unit; C(status) only lists them.
+    description: C(primary) promotes every secondary unit; C(secondary) demotes every primary unit;
+      C(status) only lists the secondary units.
     type: str
-    choices: [primary, status]
+    choices: [primary, secondary, status]
     default: primary
   force:
     description: Promote without the peer's demotion (the peer site is lost); the new epochs fence it.
+    type: bool
+    default: false
+  resync:
+    description: With C(state=secondary), resync each demoted unit with force (discard what diverged).
     type: bool
     default: false
   parallel:
@@ -54,6 +64,12 @@ EXAMPLES = r"""
     state: primary
     force: true
   register: takeover
+
+- name: Site a is back; hand every unit there to b's copies
+  drsvc_site:
+    endpoint: "{{ primary_endpoint }}"
+    state: secondary
+    resync: true
 """
 
 RETURN = r"""
@@ -78,8 +94,13 @@ promote_p99_seconds:
   description: The 99th percentile of one unit's promote.
   returned: unless check mode
   type: float
+demoted:
+  description: C(state=secondary) - how many were demoted.
+  returned: unless check mode
+  type: int
 results:
-  description: Per unit, C(result) (promoted or failed) with C(code) and C(message) when it failed.
+  description: Per unit, C(result) (promoted, demoted or failed) with C(code) and C(message) when it failed;
+    C(state=secondary) - C(final_sync) and C(resync) (ready, requested or failed).
   returned: unless check mode
   type: list
 """
@@ -93,6 +114,26 @@ if IMPORT_ERROR is None:
     from drsvc_cli.site_promote import take_over
 
 
+DEMOTE_FIELDS = ("unit_id", "kind", "peer", "generation")
+
+
+def hand_back(module, c) -> dict:
+    """state=secondary: one DemoteAll (resync as asked); check mode lists the primaries."""
+    p = module.params
+    try:
+        rows, seconds = c.until_done(lambda: c.demote_all(resync=p["resync"], dry_run=module.check_mode),
+                                     wait=p["wait"])
+    except RpcFailed as e:
+        module.fail_json(msg=f"demoting the units at {p['endpoint']}: {e.code.name}: {e.message}", code=e.code.name)
+    units = [{k: r[k] for k in DEMOTE_FIELDS} for r in rows]
+    if module.check_mode:
+        return {"changed": bool(units), "units": units}
+    failed = [r for r in rows if r["result"] == "failed" or r["resync"] == "failed"]
+    demoted = sum(1 for r in rows if r["result"] == "demoted")
+    return {"changed": bool(demoted or any(r["resync"] == "requested" for r in rows)), "units": units,
+            "demoted": demoted, "failed": len(failed), "seconds": seconds, "results": rows}
+
+
 def run(module) -> dict:
     p = module.params
     with DrClient(p["endpoint"], secrets=p["secrets"] or {}) as c:
@@ -101,6 +142,8 @@ def run(module) -> dict:
         except grpc.FutureTimeoutError:
             module.fail_json(msg=f"endpoint {p['endpoint']} is unreachable (no answer in {p['connect_timeout']}s)",
                              code="UNAVAILABLE")
+        if p["state"] == "secondary":
+            return hand_back(module, c)
         listing = p["state"] == "status" or module.check_mode
         try:
             out = take_over(c, force=p["force"], dry_run=listing, wait=p["wait"], parallel=p["parallel"])
@@ -117,8 +160,9 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             {k: v for k, v in UNIT_ARGS.items() if k not in ("volume_id", "group_id")},
-            state=dict(type="str", choices=["primary", "status"], default="primary"),
+            state=dict(type="str", choices=["primary", "secondary", "status"], default="primary"),
             force=dict(type="bool", default=False),
+            resync=dict(type="bool", default=False),
             parallel=dict(type="int", default=16),
         ),
         supports_check_mode=True,
@@ -126,8 +170,9 @@ def main():
     require_client(module)
     result = run(module)
     if result.get("failed"):
-        bad = [r for r in result["results"] if r["result"] == "failed"]
-        module.fail_json(msg=f"{len(bad)} of {len(result['units'])} promotes failed "
+        bad = [r for r in result["results"] if r["result"] == "failed" or r.get("resync") == "failed"]
+        what = "demotes" if module.params["state"] == "secondary" else "promotes"
+        module.fail_json(msg=f"{len(bad)} of {len(result['units'])} {what} failed "
                              f"(first: {bad[0]['unit_id']}: {bad[0].get('code')}: {bad[0].get('message')}); "
                              "run the playbook again to retry them", **{k: v for k, v in result.items() if k != "failed"},
                          failed_units=result["failed"])

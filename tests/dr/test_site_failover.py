@@ -7,7 +7,8 @@ markVolumeAsPrimary with force). A dry run first changes nothing; a second run f
 left to do; no unit is promoted twice (each epoch goes up by one). Then the failback's first
 half at a, back with writes b never got: `drsvc demote --all --resync` (DemoteAll) demotes
 and resyncs every unit there in one batch, and b's next syncs bring a's copies to b's. The same through
-playbooks/site-failover.yml and its module drsvc_site: check mode lists and changes nothing."""
+playbooks/site-failover.yml and its module drsvc_site: check mode lists and changes nothing; and
+back again through playbooks/site-failback.yml (drsvc_site state=secondary, resync)."""
 from __future__ import annotations
 
 import json
@@ -142,3 +143,25 @@ def test_site_failover_check_mode_then_takeover(lab, ansible):  # noqa: F811
     # again: nothing is left to promote
     r = ansible.module("drsvc_site", endpoint=sb.endpoint, state="primary", force=True)
     assert r["changed"] is False and r["units"] == [] and r["promoted"] == 0
+
+    # a comes back, its unit still primary there: site-failback.yml demotes and resyncs it
+    lab.start_sshd("a")
+    sa.run.up(("plugin", "control"))
+    out = ansible.playbook("site-failback.yml", check=True, **common)
+    assert "1 unit(s) at a would be demoted and resynced (check mode)" in out, out
+    with DrClient(sa.endpoint) as a:
+        assert all(a.status(volume_id=v)["role"] == "primary" for v in vids)
+    with DrClient(sb.endpoint) as b:
+        gens = {v: b.status(volume_id=v)["generation"] for v in vids}
+    write_random(sb, vids[0], count=2, seed=21)       # b's writes as primary: what a must follow
+    out = ansible.playbook("site-failback.yml", **common)
+    assert "demoted 1 of 1 unit(s) at a" in out, out
+    A = lab.clients["a"]
+    wait_for(lambda: all(A.call("ResyncVolume", force=True, volume_id=v).ready for v in vids), timeout=90,
+             what="the unit at a resynced from b")
+    with DrClient(sa.endpoint) as a:
+        for v in vids:
+            assert a.status(volume_id=v)["role"] == "secondary" and image_sha(sa, v) == image_sha(sb, v), v
+            assert a.status(volume_id=v)["generation"] > gens[v]
+    r = ansible.module("drsvc_site", endpoint=sa.endpoint, state="secondary", resync=True)
+    assert r["changed"] is False and r["units"] == [] and r["demoted"] == 0
