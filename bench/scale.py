@@ -422,10 +422,11 @@ class Scale:
         grpc.channel_ready_future(channel).result(timeout=60)
         repl = replication_pb2_grpc.ControllerStub(channel)
         t, deadline = time.perf_counter(), 3 * self.args.interval + 120
-        started, ready, errors = {}, {}, {}
+        started, ready, errors, demote_all_s = {}, {}, {}, None
         with ThreadPoolExecutor(max_workers=parallel) as pool:
             if self.args.promote_all:       # one DemoteAll (resync) at a's controller, then each unit polled
-                errors.update(self._demote_all_at_a(channel, started))
+                failed, demote_all_s = self._demote_all_at_a(channel, started)
+                errors.update(failed)
             else:
                 for vid, err in zip(units, pool.map(lambda v: self._send_home(repl, v, started), units), strict=True):
                     if err:
@@ -446,7 +447,7 @@ class Scale:
         same = sum(sha(self.image(v, "a")) == sha(self.image(v, "b"))
                    for v in self.rnd.sample(units, min(sample, len(units))))
         out = {"units": len(units), "parallel": "DemoteAll" if self.args.promote_all else parallel,
-               "demote_all_s": getattr(self, "demote_all_s", None), "site_up_s": round(up_s, 2), "failback_s": round(wall, 2),
+               "demote_all_s": demote_all_s, "site_up_s": round(up_s, 2), "failback_s": round(wall, 2),
                "unit_ms": summary_ms(list(ready.values())), "ready": len(ready), "failed": len(errors),
                "errors_first": list(errors.values())[:3], "bytes_on_wire": sent,
                "bytes_of_units": len(units) * (self.args.mib << 20),
@@ -455,17 +456,17 @@ class Scale:
         log(f"failback: {json.dumps(out)}")
         return out
 
-    def _demote_all_at_a(self, channel, started: dict) -> dict:
+    def _demote_all_at_a(self, channel, started: dict) -> tuple[dict, float]:
         """One DemoteAll (resync) at a's controller, as `drsvc demote --all --resync` sends it:
-        {unit: what failed} of its rows, and each unit's start (the call's)."""
+        ({unit: what failed} of its rows, the call's seconds); each unit's start is the call's."""
         from csi_plugin.gen import admin_pb2, admin_pb2_grpc
         t0 = time.perf_counter()
         started.update(dict.fromkeys(self.vols, t0))
         out = admin_pb2_grpc.SiteStub(channel).DemoteAll(admin_pb2.DemoteAllRequest(resync=True),
                                                          timeout=24 * 3600.0)
-        self.demote_all_s = round(time.perf_counter() - t0, 2)
+        seconds = round(time.perf_counter() - t0, 2)
         return {u.unit_id: f"{u.unit_id}: {u.code}: {u.message}" for u in out.units
-                if u.result == "failed" or u.resync == "failed"}
+                if u.result == "failed" or u.resync == "failed"}, seconds
 
     def _send_home(self, repl, vid: str, started: dict) -> str:
         """DemoteVolume (force), then the first ResyncVolume (force): "" or what failed."""

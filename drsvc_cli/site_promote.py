@@ -121,33 +121,43 @@ def cmd_promote_all(args, out) -> int:
 DEMOTE_COLUMNS = ["unit_id", "kind", "peer", "generation"]
 
 
+def hand_back(c, *, resync: bool, dry_run: bool, wait: float) -> dict:
+    """A site's failback at *c*'s endpoint, one DemoteAll: ``{"plan": rows}`` with *dry_run*,
+    else a summary of the per-unit results (their ``failed`` ones listed apart)."""
+    t0 = time.monotonic()
+    # ABORTED: another batch of this site's still runs (an earlier, interrupted call)
+    rows, _server_s = c.until_done(lambda: c.demote_all(resync=resync, dry_run=dry_run), wait=wait)
+    if dry_run:
+        return {"plan": [{k: r[k] for k in DEMOTE_COLUMNS} for r in rows]}
+    failed = [r for r in rows if r["result"] == "failed" or r["resync"] == "failed"]
+    demoted = [r for r in rows if r["result"] == "demoted"]
+    times = [r["seconds"] for r in demoted]
+    return {"units": len(rows), "demoted": len(demoted), "failed": len(failed),
+            "seconds": round(time.monotonic() - t0, 3),
+            "demote_p50_seconds": _percentile(times, 0.5), "demote_p99_seconds": _percentile(times, 0.99),
+            "without_final_sync": sum(1 for r in demoted if not r["final_sync"]),
+            "resync_requested": sum(1 for r in rows if r["resync"] == "requested"),
+            "resync_ready": sum(1 for r in rows if r["resync"] == "ready"), "results": rows,
+            "failed_units": failed}
+
+
 def cmd_demote_all(args, out) -> int:
     with client(args) as c:
         site = c.site()
-        t0 = time.monotonic()
-        # ABORTED: another batch of this site's still runs (an earlier, interrupted call)
-        rows, _server_s = c.until_done(lambda: c.demote_all(resync=args.resync, dry_run=args.dry_run),
-                                       wait=args.wait)
-        seconds = time.monotonic() - t0
+        answer = hand_back(c, resync=args.resync, dry_run=args.dry_run, wait=args.wait)
     if args.dry_run:
-        plan = [{k: r[k] for k in DEMOTE_COLUMNS} for r in rows]
+        plan = answer["plan"]
         line = (f"site {site}: would demote {len(plan)} unit(s) held here as primary"
                 + (" and resync them" if args.resync else "") + "; nothing changed (--dry-run)")
         return out.change("demote --all", site, False, line, {"dry_run": True, "units": plan},
                           table=(plan, DEMOTE_COLUMNS) if plan else None)
-    failed = [r for r in rows if r["result"] == "failed" or r["resync"] == "failed"]
-    demoted = [r for r in rows if r["result"] == "demoted"]
-    times = [r["seconds"] for r in demoted]
-    summary = {"units": len(rows), "demoted": len(demoted), "failed": len(failed), "seconds": round(seconds, 3),
-               "demote_p50_seconds": _percentile(times, 0.5), "demote_p99_seconds": _percentile(times, 0.99),
-               "without_final_sync": sum(1 for r in demoted if not r["final_sync"]),
-               "resync_requested": sum(1 for r in rows if r["resync"] == "requested"),
-               "resync_ready": sum(1 for r in rows if r["resync"] == "ready"), "results": rows}
-    line = (f"site {site}: demoted {len(demoted)} of {len(rows)} unit(s) in {seconds:.1f}s"
+    failed = answer.pop("failed_units")
+    summary = answer
+    line = (f"site {site}: demoted {summary['demoted']} of {summary['units']} unit(s) in {summary['seconds']:.1f}s"
             + (f", {summary['without_final_sync']} without a final sync (diverged)" if summary["without_final_sync"] else "")
             + (f"; resync: {summary['resync_ready']} ready, {summary['resync_requested']} asked of the peer "
                "(watch drsvc status)" if args.resync else "")
             + (f"; {len(failed)} failed: run it again to retry them" if failed else ""))
-    rc = out.change("demote --all", site, bool(demoted or summary["resync_requested"]), line, summary,
+    rc = out.change("demote --all", site, bool(summary["demoted"] or summary["resync_requested"]), line, summary,
                     table=(failed, ["unit_id", "kind", "result", "resync", "code", "message"]) if failed else None)
     return rc if not failed else 1

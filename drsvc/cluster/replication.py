@@ -95,52 +95,45 @@ class ClusterReplication:
         units as one batch (``NodeOps.op_promote_all``), all nodes at once; a group spanning
         nodes is then promoted as its own PromoteVolume is, settled across its parts first.
         Returns a row per unit (one per spanning group), as the nodes report them."""
-        listed = self.router.call_all({n: {"dry_run": True} for n in self.router.nodes}, "promote_all")
-        parts: dict[str, list] = {}
-        for n in self.router.nodes:
-            for row in listed[n]:
-                parts.setdefault(row["unit_id"], []).append(row)
-        spanning = sorted(u for u, rows in parts.items() if len(rows) > 1)
-        if dry_run:
-            return [{**rows[0], "result": "would promote"} for _u, rows in sorted(parts.items())]
-        batches = {n: [r["unit_id"] for r in listed[n] if len(parts[r["unit_id"]]) == 1] for n in self.router.nodes}
-        longest = max((len(b) for b in batches.values()), default=0)
-        node_wait = wait or self.wait + PROMOTE_ALL_WAIT_S * longest
-        out = self.router.calls.call_each({n: {"force": force, "units": b, "wait": node_wait}
-                                           for n, b in batches.items() if b}, "promote_all", wait=node_wait + self.wait)
-        rows = []
-        for n, result in sorted(out.items()):
-            if isinstance(result, DrsvcError):       # the node did not answer: its units, failed
-                result = [{"unit_id": u, "result": "failed", "error": type(result).__name__,
-                           "message": result.message} for u in batches[n]]
-            rows += [{**parts[r["unit_id"]][0], **r} for r in result]
-        return rows + [self._promote_spanning(parts[u][0], force) for u in spanning]
+        return self._site_batch("promote_all", {"force": force}, dry_run=dry_run, would="would promote",
+                                wait=wait, per_unit=PROMOTE_ALL_WAIT_S,
+                                spanning=lambda row: self._promote_spanning(row, force))
 
     def demote_all(self, *, resync: bool = False, dry_run: bool = False, wait: float = 0.0) -> list[dict]:
         """A site's failback: every unit this site holds as primary, demoted (and with
         *resync* resynced with force) in one batch per node (``NodeOps.op_demote_all``), all
         nodes at once; a group spanning nodes is demoted as its own DemoteVolume is, each
         part in turn. Returns a row per unit (one per spanning group), as the nodes report them."""
-        listed = self.router.call_all({n: {"dry_run": True} for n in self.router.nodes}, "demote_all")
+        return self._site_batch("demote_all", {"resync": resync}, dry_run=dry_run, would="would demote",
+                                wait=wait, per_unit=PROMOTE_ALL_WAIT_S * (2 if resync else 1),
+                                spanning=lambda row: self._demote_spanning(row, resync))
+
+    def _site_batch(self, op: str, args: dict, *, dry_run: bool, would: str, wait: float, per_unit: float,
+                    spanning) -> list[dict]:
+        """*op* over the whole site: every node lists its units (``dry_run``), then each takes
+        the units only it holds as one batch with *args*, all nodes at once (*wait*: 0 for
+        *per_unit* seconds a unit of the longest batch past the rpc wait); a unit listed by
+        several nodes (a group spanning them) goes by itself after the batches, through
+        *spanning* (its listed row -> its result row)."""
+        listed = self.router.call_all({n: {"dry_run": True} for n in self.router.nodes}, op)
         parts: dict[str, list] = {}
         for n in self.router.nodes:
             for row in listed[n]:
                 parts.setdefault(row["unit_id"], []).append(row)
-        spanning = sorted(u for u, rows in parts.items() if len(rows) > 1)
         if dry_run:
-            return [{**rows[0], "result": "would demote"} for _u, rows in sorted(parts.items())]
+            return [{**rows[0], "result": would} for _u, rows in sorted(parts.items())]
         batches = {n: [r["unit_id"] for r in listed[n] if len(parts[r["unit_id"]]) == 1] for n in self.router.nodes}
         longest = max((len(b) for b in batches.values()), default=0)
-        node_wait = wait or self.wait + PROMOTE_ALL_WAIT_S * longest * (2 if resync else 1)
-        out = self.router.calls.call_each({n: {"resync": resync, "units": b, "wait": node_wait}
-                                           for n, b in batches.items() if b}, "demote_all", wait=node_wait + self.wait)
+        node_wait = wait or self.wait + per_unit * longest
+        out = self.router.calls.call_each({n: {**args, "units": b, "wait": node_wait}
+                                           for n, b in batches.items() if b}, op, wait=node_wait + self.wait)
         rows = []
         for n, result in sorted(out.items()):
             if isinstance(result, DrsvcError):       # the node did not answer: its units, failed
                 result = [{"unit_id": u, "result": "failed", "error": type(result).__name__,
                            "message": result.message} for u in batches[n]]
             rows += [{**parts[r["unit_id"]][0], **r} for r in result]
-        return rows + [self._demote_spanning(parts[u][0], resync) for u in spanning]
+        return rows + [spanning(parts[u][0]) for u in sorted(u for u, rows in parts.items() if len(rows) > 1)]
 
     def _demote_spanning(self, row: dict, resync: bool) -> dict:
         t0 = time.monotonic()

@@ -111,27 +111,21 @@ from ansible.module_utils.drsvc_client import IMPORT_ERROR, UNIT_ARGS, require_c
 if IMPORT_ERROR is None:
     import grpc
     from drsvc_cli.client import DrClient, RpcFailed
-    from drsvc_cli.site_promote import take_over
+    from drsvc_cli.site_promote import DEMOTE_COLUMNS, hand_back, take_over
 
 
-DEMOTE_FIELDS = ("unit_id", "kind", "peer", "generation")
-
-
-def hand_back(module, c) -> dict:
+def failback(module, c) -> dict:
     """state=secondary: one DemoteAll (resync as asked); check mode lists the primaries."""
     p = module.params
     try:
-        rows, seconds = c.until_done(lambda: c.demote_all(resync=p["resync"], dry_run=module.check_mode),
-                                     wait=p["wait"])
+        out = hand_back(c, resync=p["resync"], dry_run=module.check_mode, wait=p["wait"])
     except RpcFailed as e:
         module.fail_json(msg=f"demoting the units at {p['endpoint']}: {e.code.name}: {e.message}", code=e.code.name)
-    units = [{k: r[k] for k in DEMOTE_FIELDS} for r in rows]
     if module.check_mode:
-        return {"changed": bool(units), "units": units}
-    failed = [r for r in rows if r["result"] == "failed" or r["resync"] == "failed"]
-    demoted = sum(1 for r in rows if r["result"] == "demoted")
-    return {"changed": bool(demoted or any(r["resync"] == "requested" for r in rows)), "units": units,
-            "demoted": demoted, "failed": len(failed), "seconds": seconds, "results": rows}
+        return {"changed": bool(out["plan"]), "units": out["plan"]}
+    out.pop("failed_units")
+    units = [{k: r[k] for k in DEMOTE_COLUMNS} for r in out["results"]]
+    return {**out, "changed": bool(out["demoted"] or out["resync_requested"]), "units": units}
 
 
 def run(module) -> dict:
@@ -143,7 +137,7 @@ def run(module) -> dict:
             module.fail_json(msg=f"endpoint {p['endpoint']} is unreachable (no answer in {p['connect_timeout']}s)",
                              code="UNAVAILABLE")
         if p["state"] == "secondary":
-            return hand_back(module, c)
+            return failback(module, c)
         listing = p["state"] == "status" or module.check_mode
         try:
             out = take_over(c, force=p["force"], dry_run=listing, wait=p["wait"], parallel=p["parallel"])

@@ -59,11 +59,18 @@ JOB_MODULES = ("drsvc.replication.sender.sync", "drsvc.replication.control.takeo
 PROMOTE_THREADS = 8
 
 
-def unexpected(action: str, e: Exception) -> dict:
-    """A batch's row for a unit whose *action* failed with an error drsvc does not name."""
-    return {"result": "failed", "error": "InternalError",
-            "message": f"the {action} failed unexpectedly ({type(e).__name__}); the control worker's log "
-                       "has its traceback"}
+def batch_row(action: str, batch: str, unit_id: str, run: Callable[[], dict]) -> dict:
+    """One unit's row of a batch: what *run* returns, or its failure by its error's name (an
+    error drsvc does not name: InternalError, its traceback in the log)."""
+    try:
+        return run()
+    except DrsvcError as e:
+        return {"result": "failed", "error": type(e).__name__, "message": e.message}
+    except Exception as e:  # noqa: BLE001 - one unit's failure is its row, not the batch's
+        log.exception("%s of %s in batch %s failed", action, unit_id, batch)
+        return {"result": "failed", "error": "InternalError",
+                "message": f"the {action} failed unexpectedly ({type(e).__name__}); the control worker's log "
+                           "has its traceback"}
 
 
 class ReplicationJobs:
@@ -309,22 +316,12 @@ class ReplicationJobs:
         under its own role lock, so a unit promoted already (by this batch sent twice, or by
         a PromoteVolume of its own) is answered as it is, never promoted twice. *batch* names
         the batch's claim; the per-unit results carry each failure by its error's name."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        def one(unit_id: str) -> dict:
-            t0 = time.monotonic()
-            try:
-                before = unit_state.get_state(self.pool, unit_id).role
-                out = self.run_promote(unit_id, force=force)
-                row = {"result": "primary" if before == "primary" else "promoted", "epoch": out["epoch"]}
-            except DrsvcError as e:
-                row = {"result": "failed", "error": type(e).__name__, "message": e.message}
-            except Exception as e:  # noqa: BLE001 - one unit's failure is its row, not the batch's
-                log.exception("promote of %s in batch %s failed", unit_id, batch)
-                row = unexpected("promote", e)
-            return {"unit_id": unit_id, **row, "seconds": round(time.monotonic() - t0, 4)}
-        with ThreadPoolExecutor(max_workers=PROMOTE_THREADS, thread_name_prefix="drsvc-promote") as pool:
-            return {"batch": batch, "results": list(pool.map(one, units))}
+        def promote(unit_id: str) -> dict:
+            before = unit_state.get_state(self.pool, unit_id).role
+            out = self.run_promote(unit_id, force=force)
+            return {"result": "primary" if before == "primary" else "promoted", "epoch": out["epoch"]}
+        return self._batch(batch, units, "promote",
+                           lambda unit_id: batch_row("promote", batch, unit_id, lambda: promote(unit_id)))
 
     def run_demote_all(self, batch: str, *, units: list, resync: bool = False) -> dict:
         """Demote *units* of this node, PROMOTE_THREADS at a time (a site's failback, or the
@@ -332,38 +329,35 @@ class ReplicationJobs:
         role lock, so a unit found secondary already is answered as it is. With *resync*,
         each is then resynced with force (``run_resync``): the peer, asked for its next sync
         now, ships what diverged. The per-unit results carry each failure by its error's name."""
-        from concurrent.futures import ThreadPoolExecutor
+        def demote(unit_id: str) -> dict:
+            out = self.run_demote(unit_id)
+            if "final_sync" not in out:
+                return {"result": "secondary", "final_sync": False}
+            return {"result": "demoted", "final_sync": out["final_sync"] is not None}
+
+        def resynced(unit_id: str) -> dict:
+            return {"resync": "ready" if self.run_resync(unit_id, force=True).get("ready") else "requested"}
 
         def one(unit_id: str) -> dict:
-            t0 = time.monotonic()
-            row = self._demote_one(batch, unit_id)
+            row = batch_row("demote", batch, unit_id, lambda: demote(unit_id))
             if resync and row["result"] != "failed":
-                row.update(self._resync_one(batch, unit_id))
-            return {"unit_id": unit_id, **row, "seconds": round(time.monotonic() - t0, 4)}
-        with ThreadPoolExecutor(max_workers=PROMOTE_THREADS, thread_name_prefix="drsvc-demote") as pool:
-            return {"batch": batch, "results": list(pool.map(one, units))}
+                done = batch_row("resync", batch, unit_id, lambda: resynced(unit_id))
+                if done.pop("result", "") == "failed":      # the demote's own result stands
+                    done["resync"] = "failed"
+                row.update(done)
+            return row
+        return self._batch(batch, units, "demote", one)
 
-    def _demote_one(self, batch: str, unit_id: str) -> dict:
-        try:
-            out = self.run_demote(unit_id)
-        except DrsvcError as e:
-            return {"result": "failed", "error": type(e).__name__, "message": e.message}
-        except Exception as e:  # noqa: BLE001 - one unit's failure is its row, not the batch's
-            log.exception("demote of %s in batch %s failed", unit_id, batch)
-            return unexpected("demote", e)
-        if "final_sync" not in out:
-            return {"result": "secondary", "final_sync": False}
-        return {"result": "demoted", "final_sync": out["final_sync"] is not None}
+    @staticmethod
+    def _batch(batch: str, units: list, name: str, one: Callable[[str], dict]) -> dict:
+        """*one* over *units*, PROMOTE_THREADS at a time: a row per unit, with its seconds."""
+        from concurrent.futures import ThreadPoolExecutor
 
-    def _resync_one(self, batch: str, unit_id: str) -> dict:
-        try:
-            out = self.run_resync(unit_id, force=True)
-        except DrsvcError as e:
-            return {"resync": "failed", "error": type(e).__name__, "message": e.message}
-        except Exception as e:  # noqa: BLE001 - as _demote_one
-            log.exception("resync of %s in batch %s failed", unit_id, batch)
-            return {"resync": "failed", **{k: v for k, v in unexpected("resync", e).items() if k != "result"}}
-        return {"resync": "ready" if out.get("ready") else "requested"}
+        def timed(unit_id: str) -> dict:
+            t0 = time.monotonic()
+            return {"unit_id": unit_id, **one(unit_id), "seconds": round(time.monotonic() - t0, 4)}
+        with ThreadPoolExecutor(max_workers=PROMOTE_THREADS, thread_name_prefix=f"drsvc-{name}") as pool:
+            return {"batch": batch, "results": list(pool.map(timed, units))}
 
     def _promote(self, unit_id: str, *, force: bool, point: int | None) -> dict:
         from ..points.restore import take_over

@@ -125,18 +125,20 @@ class ReplicationRequests:
         point = self._restore_point(unit, (params or {}).get(index.RECOVERY_POINT, ""))
         self._run("promote", unit, force=force, **({"point": point} if point is not None else {}))
 
-    def secondaries(self) -> list[dict]:
-        """Every unit held here as secondary, with what a runbook shows of it."""
-        rows = []
+    def _held_as(self, role: str):
+        """(unit id, Info, kind, members) of every unit held here as *role*."""
         for unit_id in self.status.units():
             try:
-                info, kind, _members = self.status.row(unit_id)
+                info, kind, members = self.status.row(unit_id)
             except UnitNotFound:
                 continue            # its records are not written yet
-            if info.role == "secondary":
-                rows.append({"unit_id": unit_id, "kind": kind, "peer": info.peer, "generation": info.generation,
-                             "data_age_seconds": info.lag_seconds})
-        return rows
+            if info.role == role:
+                yield unit_id, info, kind, members
+
+    def secondaries(self) -> list[dict]:
+        """Every unit held here as secondary, with what a runbook shows of it."""
+        return [{"unit_id": u, "kind": kind, "peer": info.peer, "generation": info.generation,
+                 "data_age_seconds": info.lag_seconds} for u, info, kind, _members in self._held_as("secondary")]
 
     def promote_all(self, *, force: bool, units: list | None = None, wait: float = 0.0) -> list[dict]:
         """Promote every unit held here as secondary, or the units of *units* (a caller that
@@ -156,17 +158,9 @@ class ReplicationRequests:
                                                 "message": "the batch did not report it"})} for r in rows]
 
     def primaries(self) -> list[dict]:
-        """Every unit held here as primary, with what a runbook shows of it."""
-        rows = []
-        for unit_id in self.status.units():
-            try:
-                info, kind, members = self.status.row(unit_id)
-            except UnitNotFound:
-                continue            # its records are not written yet
-            if info.role == "primary":
-                rows.append({"unit_id": unit_id, "kind": kind, "peer": info.peer, "generation": info.generation,
-                             "members": members})
-        return rows
+        """Every unit held here as primary, with what a runbook shows of it (and its members)."""
+        return [{"unit_id": u, "kind": kind, "peer": info.peer, "generation": info.generation, "members": members}
+                for u, info, kind, members in self._held_as("primary")]
 
     def demote_all(self, *, resync: bool, units: list | None = None, wait: float = 0.0) -> list[dict]:
         """Demote every unit held here as primary, or the units of *units* (listed already by
