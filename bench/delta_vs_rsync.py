@@ -47,6 +47,7 @@ rsync wire bytes come from --stats.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -238,6 +239,10 @@ def parse(argv=None) -> argparse.Namespace:
                     help="MiB pushed per run through an SSH channel alone, and with --link through the "
                          "emulator (full case; 0: skip; default 512, with --link 64)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per case (best and median reported)")
+    ap.add_argument("--peer-fs", choices=("shared", "own"), default="shared",
+                    help="the peer's pool on the primary's XFS, or on one of its own (the disk stays shared)")
+    ap.add_argument("--ack", choices=("applied", "durable"), default="applied",
+                    help="the peer's ack ([peers.<name>] ack): durable answers before the apply")
     ap.add_argument("--warm", action="store_true",
                     help="leave page caches as they are (default: every run starts cold)")
     ap.add_argument("--drop-caches", choices=("files", "global"), default="files",
@@ -263,13 +268,18 @@ def parse(argv=None) -> argparse.Namespace:
 
 
 def pool_cases(args, rnd, wanted: set) -> list[dict]:
-    """Every case but the labs' (many, failover): one XFS with pools a and b, one sshd."""
+    """Every case but the labs' (many, failover): pools a and b on one XFS, or (--peer-fs own)
+    b and rsync's copies on a second one, as at two sites; one sshd."""
     from .site import Cold, backing_file, loop_mounted_xfs, sshd_site
-    with loop_mounted_xfs("40G") as mnt, tempfile.TemporaryDirectory(prefix="drsvc-bench-") as tmp:
-        a, b, r = mnt / "a", mnt / "b", mnt / "rsync"
+    with contextlib.ExitStack() as stack:
+        mnt = stack.enter_context(loop_mounted_xfs("40G"))
+        peer_mnt = stack.enter_context(loop_mounted_xfs("40G")) if args.peer_fs == "own" else mnt
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="drsvc-bench-"))
+        a, b, r = mnt / "a", peer_mnt / "b", peer_mnt / "rsync"
         for d in (a / "images", b / "images", r):
             d.mkdir(parents=True)
-        cold = Cold([mnt], [backing_file(mnt)], "off" if args.warm else args.drop_caches)
+        mounts = sorted({mnt, peer_mnt})
+        cold = Cold(mounts, [backing_file(m) for m in mounts], "off" if args.warm else args.drop_caches)
         with sshd_site(b) as site, bench_link(args.link, site) as (reached, link, sink):
             ctx = Context(args, rnd, a, b, r, reached, cold, Path(tmp), link=args.link, direct=site,
                           emulator=(link, sink) if link else None)

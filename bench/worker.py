@@ -37,6 +37,7 @@ def serve(args) -> None:
     peer = SshPeer("127.0.0.1", port=args.port, key_file=args.key, known_hosts=args.known_hosts)
     if args.link_rate:
         peer.link = LinkHints(rate=args.link_rate)       # the [peers.X] link_rate an operator sets
+    peer.ack = args.ack                                  # the [peers.X] ack
     t = time.monotonic()
     warmed = warm(peer)["warm"]      # as workers.main.keep_peers_warm does at start
     warm = {"s": round(time.monotonic() - t, 3), "receivers": {str(k): v for k, v in warmed.items()},
@@ -65,8 +66,8 @@ def serve(args) -> None:
 class SyncWorker:
     """The parent's handle on a bench worker process (a context manager)."""
 
-    def __init__(self, site, sock_dir: Path, *, link_rate: float = 0.0):
-        self.site, self.link_rate = site, link_rate
+    def __init__(self, site, sock_dir: Path, *, link_rate: float = 0.0, ack: str = "applied"):
+        self.site, self.link_rate, self.ack = site, link_rate, ack
         self.path = Path(sock_dir) / f"worker-{os.getpid()}-{time.monotonic_ns()}.sock"
         self.proc = None
         self.f = None
@@ -75,7 +76,7 @@ class SyncWorker:
         self.proc = runner.spawn([sys.executable, "-m", "bench.worker", "--socket", self.path,
                                   "--port", self.site.port, "--key", self.site.client_key,
                                   "--known-hosts", self.site.known_hosts,
-                                  "--link-rate", str(self.link_rate)], cwd=REPO)
+                                  "--link-rate", str(self.link_rate), "--ack", self.ack], cwd=REPO)
         deadline = time.monotonic() + 60
         s = socket.socket(socket.AF_UNIX)
         while True:
@@ -104,7 +105,23 @@ class SyncWorker:
         out = json.loads(line)
         if "error" in out:
             raise RuntimeError(f"sync of {unit} failed: {out['error']}")
+        if self.ack == "durable":
+            out["report"]["phases"].update(self._after_answer(unit))
         return out
+
+    def _after_answer(self, unit: str) -> dict:
+        """A durable ack: wait for the peer's apply before anything else is timed, and take
+        what followed the answer from the peer's receive record (phases ``peer_after_*``)."""
+        from drsvc.layout import PoolLayout
+        from drsvc.replication.common import find_state
+        from drsvc.replication.receiver import wait_for_applies
+        t = time.monotonic()
+        wait_for_applies(PoolLayout(self.site.pool))
+        got = {"peer_after_wait_s": round(time.monotonic() - t, 4)}
+        st = find_state(self.site.pool, unit)
+        after = (st.received[-1] if st is not None and st.received else {}).get("after_answer") or {}
+        got.update({f"peer_after_{k}": v for k, v in after.items()})
+        return got
 
     def __exit__(self, *exc):
         try:
@@ -126,6 +143,7 @@ def main(argv=None) -> int:
     ap.add_argument("--key", required=True)
     ap.add_argument("--known-hosts", required=True)
     ap.add_argument("--link-rate", type=float, default=0.0, help="the peer's link_rate (bytes/s; 0: unset)")
+    ap.add_argument("--ack", choices=("applied", "durable"), default="applied", help="the peer's ack")
     serve(ap.parse_args(argv))
     return 0
 
@@ -142,7 +160,7 @@ def case_worker(ctx, res):
     the receivers serving it go to *res*."""
     from .rss import PeakRss, receiver_of
     rate = ctx.link.rate if ctx.link is not None else 0.0     # set as the README tells operators to
-    with PeakRss(receiver_of(ctx.b)) as rr, SyncWorker(ctx.site, ctx.tmp, link_rate=rate) as w:
+    with PeakRss(receiver_of(ctx.b)) as rr, SyncWorker(ctx.site, ctx.tmp, link_rate=rate, ack=ctx.args.ack) as w:
         res.extra["warm"] = w.warm
         out = w.sync(ctx.a, ctx.warmup_unit)
         res.extra["warmup_connect_s"] = round(out["report"]["phases"].get("connect_s", 0.0), 4)
@@ -159,7 +177,7 @@ def seed_copy(ctx, img: Path) -> None:
     with SyncWorker(ctx.direct or ctx.site, ctx.tmp) as d:
         d.sync(ctx.a, img.stem)
     if not ctx.args.no_rsync:
-        runner.run(["cp", "--reflink=always", img, ctx.rsync_dest(img)])
+        runner.run(["cp", "--reflink=auto", img, ctx.rsync_dest(img)])     # another XFS: a copy
 
 
 def seed(ctx, w, img: Path) -> None:

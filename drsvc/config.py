@@ -30,6 +30,9 @@ Example::
     # max_stripes = 16                                   # channels one sync may take (1: never stripe)
     # window = 2097152                                   # the peer sshd's channel window (HPN-SSH: larger)
     # stripes = 0                                        # fix the channels of every sync (0: from RTT and rate)
+    # ack = "applied"                                    # the peer answers a sync once its replica is at the
+    #                                                    # generation; "durable": once its journal is, and
+    #                                                    # applies after the answer (the undo copy too)
 
 A site of several storage nodes lists them; each node's plugin and worker run with
 ``--node NAME`` (or ``DRSVC_NODE``) and use that node's pool, and the site's controller
@@ -76,6 +79,7 @@ DATA_OPS = frozenset({"sync", "verify"})
 
 # The keys each transport needs in its [peers.<name>] table (drsvc.replication.control.peers builds it).
 TRANSPORT_KEYS = {"ssh": ("host", "known_hosts", "key"), "local": ("pool",)}
+ACKS = ("applied", "durable")   # when a peer answers a commit ([peers.<name>] ack)
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,7 @@ class PeerConfig:
     max_stripes: int = 16         # channels one sync may take
     window: int = 2 << 20         # the peer sshd's channel window
     stripes: int = 0              # channels of every sync, fixed (0: from the measured RTT and the rate)
+    ack: str = "applied"          # the peer answers a commit once "applied", or once "durable"
 
     def at_node(self, node: str, where: str) -> PeerConfig:
         """This peer as one node of ours reaches it: the sshd of the peer node that holds
@@ -353,7 +358,10 @@ def _peer(name: str, p: dict, where: str, rel, tz) -> PeerConfig:
               (("max_syncs", 0, 0), ("connections", 2, 1), ("max_stripes", 16, 1), ("window", 2 << 20, 32 << 10),
                ("stripes", 0, 0))}
     bwlimit, bwschedule = parse_cap(p.get("bwlimit", 0), where, tz)
-    return PeerConfig(name=name, host=p.get("host", ""), port=int(p.get("port", 22)), user=p.get("user", "root"),
+    ack = p.get("ack", "applied")
+    if ack not in ACKS:
+        raise ConfigInvalid(where=where, reason=f"ack = {ack!r}: expected one of {', '.join(ACKS)}")
+    return PeerConfig(ack=ack, name=name, host=p.get("host", ""), port=int(p.get("port", 22)), user=p.get("user", "root"),
                       known_hosts=path("known_hosts"), key=path("key"), transport=transport, pool=path("pool"),
                       nodes=nodes, bwlimit=bwlimit, bwschedule=bwschedule,
                       link_rate=float(parse_bwlimit(p.get("link_rate", 0), where, "link_rate")), **counts)

@@ -35,6 +35,7 @@ def connect(p: PeerConfig) -> Peer:
         raise ConfigInvalid(where=f"peer {p.name}", reason=f"unknown transport {p.transport!r}; known: {sorted(TRANSPORTS)}")
     peer = build(p)
     peer.link = link_of(p)
+    peer.ack = p.ack
     return peer
 
 

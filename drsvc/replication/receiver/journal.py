@@ -506,11 +506,14 @@ class Journal:
     def read_ahead(self) -> bool:
         """Read ahead what the commit reads (``_Readahead``): the replica's bytes under each
         record as it arrives when the unit keeps recovery points, and the replica's block
-        maps. Returns whether the replica's bytes are read ahead."""
+        maps. Returns whether the replica's bytes are read ahead. Not those for a durable ack
+        (``ack``): its commit reads them after the answer, and read during the stream they
+        would take the disk from the journal's own writes, which the answer waits for."""
         if self._readahead is None and self.tx:
+            after_answer = self.tx.get("ack") == "durable" and not self.tx.get("demote")
+            images = not after_answer and commit_points.keeps_undo(self.layout, self.unit_id)
             with self._lock:
-                self._readahead = _Readahead(self.layout, self.unit_id, self.tx["members"],
-                                             images=commit_points.keeps_undo(self.layout, self.unit_id),
+                self._readahead = _Readahead(self.layout, self.unit_id, self.tx["members"], images=images,
                                              block_size=self.tx["block_size"])
         return bool(self._readahead.fds)
 

@@ -80,7 +80,11 @@ def recover(layout: PoolLayout, unit_id: str) -> Journal:
 
 
 def record_generation(layout: PoolLayout, tx: dict, *, began: float | None = None,
-                      nbytes: int = 0) -> UnitState:
+                      nbytes: int = 0, after_answer: dict | None = None) -> UnitState:
+    """Record the applied *tx* as the replica's generation: state, recovery point, receive
+    record. *after_answer*: the seconds the commit spent after answering the sender (the
+    undo copy's wait, the apply; ``behind_s`` from the answer to the apply's end), kept in
+    the receive record."""
     st = find_state(layout.root, tx["unit"])
     # what the scheduler keys a replica's verify on: held at all, and the class's interval
     before = (st.generation, (st.origin or {}).get("verify_interval")) if st is not None else (0, None)
@@ -105,14 +109,32 @@ def record_generation(layout: PoolLayout, tx: dict, *, began: float | None = Non
     commit_points.after_commit(layout, tx)      # the new recovery point; pruning
     now = time.time()   # the receive record (read by control.health)
     st.receiving_since = st.receiving_since or now     # a verify never run is owed from here
-    st.add_received({"generation": tx["target"], "txid": tx["txid"], "received_at": now,
-                     "duration_s": round(now - began, 4) if began else 0.0, "bytes": int(nbytes),
-                     "captured_at": tx.get("captured_at")})
+    received = {"generation": tx["target"], "txid": tx["txid"], "received_at": now,
+                "duration_s": round(now - began, 4) if began else 0.0, "bytes": int(nbytes),
+                "captured_at": tx.get("captured_at")}
+    if after_answer:
+        received["after_answer"] = after_answer
+    st.add_received(received)
     save_state(layout.root, st)
     if not before[0] or (st.origin or {}).get("verify_interval") != before[1]:
         schedule_changes.mark(layout.root, st.unit_id)
     return st
 
+
+
+
+def wait_for_applies(layout: PoolLayout) -> list[str]:
+    """Wait until no receiver in this pool is applying a committed journal, and return the
+    units waited for. A commit answers once its marker is durable and applies after the
+    answer, holding the unit's lock (``transaction``): taking that lock and letting it go
+    waits for the apply. A journal whose receiver died stays as it is, for the replay at the
+    next contact. For whatever reads a replica's files without the lock: a bench's or a
+    test's comparison of images."""
+    units = sorted(p.parent.parent.name for p in layout.replication.glob("*/journal/commit.json"))
+    for unit_id in units:
+        with UnitLock(layout, unit_id):
+            pass
+    return units
 
 def status_of(layout: PoolLayout, unit_id: str, journal: Journal | None = None) -> dict:
     st = find_state(layout.root, unit_id)

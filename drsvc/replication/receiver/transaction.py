@@ -99,7 +99,9 @@ def parse_tx(msg: dict) -> dict:
               "version": version, "stripes": _stripes(msg, version),
               "one_flight": bool(msg.get("one_flight")) and version >= 4,
               "planned_bytes": max(0, int(msg.get("planned_bytes") or 0)),
-              "repair": check_id(msg["repair"], "repair id") if msg.get("repair") else None}
+              "repair": check_id(msg["repair"], "repair id") if msg.get("repair") else None,
+              # "durable": answer at the commit marker and apply after the answer
+              "ack": "durable" if msg.get("ack") == "durable" else "applied"}
     except (KeyError, TypeError, ValueError) as e:
         raise ProtocolError(reason=f"bad begin message: {e!r}") from None
     if not members or len(members) > 0xFFFF or len({m["volume_id"] for m in members}) != len(members):
@@ -343,6 +345,15 @@ class Transaction:
             failpoint("receiver.after_prepare")
             out.control({"type": "prepared", "txid": tx["txid"], "target": tx["target"], "round": tx["round"]})
             return j
+        if tx["ack"] == "durable" and not tx["demote"]:
+            return self._answer_then_apply(out)
+        return self._apply_then_answer(out)
+
+    def _apply_then_answer(self, out: Replies) -> Journal:
+        """Applied and recorded before the answer (the peer's ``ack`` "applied", and always a
+        Demote's final transaction: its answer lets the unit's lock go, ``ApplyConversation``,
+        and the Promote that comes right after it must find the replica at the target)."""
+        tx, j = self.tx, self.journal
         t_undo = time.monotonic()
         early = self.undo.finish() if self.undo is not None else {}
         failpoint("receiver.before_commit")
@@ -353,15 +364,12 @@ class Transaction:
         applied = j.apply(early=early)
         failpoint("receiver.after_apply")
         t_done = time.monotonic()
-        undo_s = commit_points.undo_seconds(tx["txid"])
+        undo_s = commit_points.undo_seconds(tx["txid"])      # before the record forgets it
         st = record_generation(self.layout, tx, began=self.began, nbytes=self.nbytes)
         failpoint("receiver.after_state")
         self.committed = True
-        if tx["demote"]:
-            # a Demote's answer lets the unit's lock go (``ApplyConversation``): a Promote here
-            # comes right after it and takes that lock at once, so nothing may follow the answer
-            j.follow_maps()
-            j.discard()
+        j.follow_maps()
+        j.discard()
         out.control({"type": "committed", "generation": st.generation, "txid": tx["txid"],
                      "epoch": st.epoch, "cloned_bytes": applied.cloned, "copied_bytes": applied.copied,
                      # the peer's share of the stream phase: making it durable, then applying
@@ -370,12 +378,46 @@ class Transaction:
                      # the undo copy made as the records arrived: its time, and the wait for its last batch
                      "undo_ahead_s": round(self.undo.busy_s if self.undo is not None else 0.0, 4),
                      "undo_wait_s": round(t_sync - t_undo, 4)})
-        # after the answer, before the next request is read (the unit's lock is still held): the
-        # block maps (an optimisation: a crash here leaves them unused) and the journal's removal
-        # (a crash here leaves a journal that ``recover`` finds applied and recorded: discarded)
-        if not tx["demote"]:
-            j.follow_maps()
-            j.discard()
+        return Journal(self.layout, tx["unit"])
+
+    def _answer_then_apply(self, out: Replies) -> Journal:
+        """The peer's ``ack`` "durable". The commit marker makes the generation durable here:
+        from it on, this process or the replay at the next contact (``replica.recover``)
+        brings the replica to the target, and nothing takes it back. So the answer goes out
+        right after the marker, and the recovery point's undo copy (a cold read of the
+        replica's old blocks), the apply, the point and the receive record follow it, before
+        the next request is read. The unit's lock is held throughout, so whatever here reads
+        the replica under it (a status, a promote, a drill, a verify) waits for them; the
+        sender's worker does not. A failure after the answer keeps the committed journal for
+        that replay and ends this process with the error, which the next request on the
+        channel reads."""
+        tx, j = self.tx, self.journal
+        failpoint("receiver.before_commit")
+        t_sync = time.monotonic()
+        j.mark_committed(j.chain.count, j.chain.hexdigest())
+        failpoint("receiver.after_commit_marker")
+        t_answer = time.monotonic()
+        prior = find_state(self.layout.root, tx["unit"])
+        self.committed = True
+        out.control({"type": "committed", "generation": tx["target"], "txid": tx["txid"],
+                     "epoch": max(prior.epoch if prior is not None else 0, tx["epoch"]),
+                     "sync_s": round(t_answer - t_sync, 4), "applies": "after-answer"})
+        early = self.undo.finish() if self.undo is not None else {}
+        t_apply = time.monotonic()
+        j.apply(early=early)
+        failpoint("receiver.after_apply")
+        t_done = time.monotonic()
+        # the work the answer did not wait for, in the receive record (``drsvc status``, benches)
+        after = {"undo_wait_s": round(t_apply - t_answer, 4), "apply_s": round(t_done - t_apply, 4),
+                 "undo_s": round(commit_points.undo_seconds(tx["txid"]), 4),
+                 "undo_ahead_s": round(self.undo.busy_s if self.undo is not None else 0.0, 4),
+                 "behind_s": round(t_done - t_answer, 4)}
+        record_generation(self.layout, tx, began=self.began, nbytes=self.nbytes, after_answer=after)
+        failpoint("receiver.after_state")
+        # the block maps (an optimisation: a crash here leaves them unused) and the journal's
+        # removal (a crash here leaves a journal that ``recover`` finds applied and recorded)
+        j.follow_maps()
+        j.discard()
         return Journal(self.layout, tx["unit"])
 
     def _pool_full(self) -> DrPoolFull:

@@ -69,8 +69,12 @@ class UndoAhead:
     @classmethod
     def wanted(cls, layout: PoolLayout, tx: dict) -> UndoAhead | None:
         """One for the transaction, when an early copy can pay: a one-phase delta into a
-        unit that keeps recovery points, with a member that has a base."""
+        unit that keeps recovery points, with a member that has a base, answered once
+        applied (a durable ``ack`` copies after its answer: made during the stream, the copy
+        would take the disk from the journal's writes, which that answer waits for)."""
         if tx["mode"] != "delta" or tx["two_phase"] or all(m["fresh"] for m in tx["members"]):
+            return None
+        if tx.get("ack") == "durable" and not tx["demote"]:
             return None
         if not keeps_undo(layout, tx["unit"]):
             return None
