@@ -10,7 +10,7 @@ import pytest
 
 from drsvc.replication.common.unit_state import find_state
 from tests.dr.helpers import generation, write_random
-from tests.faults.steps import sync_now
+from tests.faults.steps import reissue, sync_now
 from tests.fixtures.sites import build_lab, close_lab, image_sha
 
 pytestmark = pytest.mark.own_lab
@@ -38,10 +38,11 @@ def test_a_promote_right_after_a_durable_answer_finds_the_generation(durable_lab
     vol = A.create_volume("ack", 64 << 20).volume_id
     write_random(sa, vol, count=64, seed=1)
     A.retry("EnableVolumeReplication", volume_id=vol, parameters=INTERVAL, sidecar=True)
-    sync_now(A, vol)
+    # the enable's first sync may still be running: SyncNow answers ABORTED until it ends
+    reissue(lambda: sync_now(A, vol), what="sync")
     # thousands of scattered blocks: each one's old bytes go to the point's undo copy, after the answer
     write_random(sa, vol, count=3000, size=4096, seed=2)
-    sync_now(A, vol)
+    reissue(lambda: sync_now(A, vol), what="sync")
     acked = generation(sa, vol)
     B.retry("PromoteVolume", volume_id=vol, force=True, sidecar=True)
     st = find_state(sb.pool, vol)
