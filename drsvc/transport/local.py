@@ -83,7 +83,10 @@ class LocalPeer(Peer):
             words = ("--pool", self.pool, "--connect", path, verb, *args)
             if self.python == sys.executable:
                 argv, pythonpath = runner.module_without_site("drsvc.replication.receiver", *words)
-                env = dict(os.environ, PYTHONPATH=pythonpath, **(self.env or {}))
+                env = {**os.environ, **(self.env or {})}
+                # a PYTHONPATH of the caller's comes first; this tree's, without site, after it
+                mine = (self.env or {}).get("PYTHONPATH")
+                env["PYTHONPATH"] = os.pathsep.join(p for p in (mine, pythonpath) if p)
             else:       # another interpreter: its own site and environment
                 argv = [self.python, "-m", "drsvc.replication.receiver", *words]
                 env = dict(os.environ, **(self.env or {}))

@@ -86,6 +86,20 @@ def test_driver_plans_again_after_a_lost_connection(xfs_mod, point, second):
     same_images(a, b, ["v"])
 
 
+def test_a_local_peer_env_with_its_own_pythonpath(xfs_mod, tmp_path):
+    """A LocalPeer's env may carry PYTHONPATH (FailingOnce above copies os.environ, which
+    holds one when pytest runs with a plugin path): the receiver starts, without site, and
+    the sync completes."""
+    a, b = new_sites(xfs_mod)
+    make_image(a / "images" / "v.img", 4 * MiB, [(0, os.urandom(MiB))])
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    peer = LocalPeer(b, env={"PYTHONPATH": str(extra)})
+    sync_unit(a, "v", ["v"], peer)
+    same_images(a, b, ["v"])
+    assert peer.last_proc.args[1:4] == ["-S", "-m", "drsvc.replication.receiver"]
+
+
 def test_other_errors_are_not_retried(xfs_mod):
     a, b = new_sites(xfs_mod)
     make_image(a / "images" / "v.img", MiB, [(0, os.urandom(4096))])
