@@ -6,7 +6,6 @@ object that joins paths into a pool; the methods below delegate to it.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import time
 from pathlib import Path
@@ -15,8 +14,9 @@ from . import store
 from .errors import CorruptMetadata
 from .host import reflink
 from .layout import SUBDIRS, PoolLayout
+from .logs import logger
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 class Pool:

@@ -199,6 +199,14 @@ def read_pointer(path: Path, field: str) -> str | None:
     return value
 
 
+def remove_tree(path, *, ignore_errors: bool = False) -> None:
+    """``shutil.rmtree``, with shutil (and the bz2, lzma and fnmatch it loads) imported only
+    when a tree is removed: the receiver, which starts once per channel, removes one in few
+    of its runs."""
+    import shutil
+    shutil.rmtree(path, ignore_errors=ignore_errors)
+
+
 def remove_temps(path: Path) -> None:
     """Remove temp files that writers of *path* killed mid-write left beside it (any pid)."""
     path = Path(path)

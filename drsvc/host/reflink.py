@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import logging
 import os
 import struct
 from pathlib import Path
 
-log = logging.getLogger(__name__)
+from ..logs import logger
+
+log = logger(__name__)
 FICLONE = 0x40049409
 FICLONERANGE = 0x4020940D
 _CLONE_RANGE = struct.Struct("=qQQQ")   # struct file_clone_range: src_fd s64, src_offset, src_length, dest_offset

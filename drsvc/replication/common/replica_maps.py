@@ -34,9 +34,7 @@ capture. The roles can then go back and forth without a read of the volume at ei
 """
 from __future__ import annotations
 
-import logging
 import os
-import shutil
 import struct
 import threading
 import time
@@ -45,9 +43,10 @@ from pathlib import Path
 
 from ... import store
 from ...layout import PoolLayout
+from ...logs import logger
 from .blockmap import DIGEST, HEADER, MAP_PAGE, BlockMap, block_count, copy_map, digest_blocks
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 # member u16 | first block u64 | block count u32, then that many digests
 DIGEST_ENTRY = struct.Struct(">HQI")
@@ -221,7 +220,7 @@ class ReplicaMaps:
     def discard(self) -> None:
         """This site no longer receives (it became primary): the maps go."""
         self.invalidate()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        store.remove_tree(self.dir, ignore_errors=True)
 
     def apply(self, tx: dict, digests_path: Path, records) -> bool:
         """After the transaction's images are durable: write its digests into the maps (and

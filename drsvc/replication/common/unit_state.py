@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import uuid
 from dataclasses import dataclass, field
 
 from ... import schedule_changes, store
@@ -167,6 +166,7 @@ def request_repair(pool, unit_id: str, generation: int, runs: dict) -> UnitState
     def change(st):
         if st.role != "secondary":
             raise InvalidParameter(key="role", reason=f"{unit_id} is {st.role}; only a secondary is repaired")
+        import uuid      # only a repair needs one; not every receiver run
         st.repair = {"id": uuid.uuid4().hex, "generation": generation, "runs": runs}
     return _locked_update(pool, unit_id, change)
 

@@ -22,9 +22,7 @@ neighbour does not cover with bytes it holds there anyway, so it is safe at any 
 from __future__ import annotations
 
 import json
-import logging
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +31,7 @@ from ... import retention, store
 from ...errors import RetentionGridInvalid
 from ...failpoints import failpoint
 from ...layout import PoolLayout
+from ...logs import logger
 from ..common import ranges
 from ..common.blockmap import DEFAULT_BLOCK_SIZE
 from ..common.unit_state import find_state
@@ -55,7 +54,7 @@ from ..points.index import (
     write_meta,
 )
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 
 def grid_of(tx: dict) -> retention.Grid:
@@ -329,7 +328,7 @@ def after_commit(layout: PoolLayout, tx: dict) -> None:
     _snapshots(layout, new, plan.unpinned)
     t3 = time.monotonic()
     for p in plan.pruned:
-        shutil.rmtree(layout.point_dir(idx.unit_id, p.generation), ignore_errors=True)
+        store.remove_tree(layout.point_dir(idx.unit_id, p.generation), ignore_errors=True)
     for g in touched:
         _sweep_point(layout, idx.unit_id, layout.point_dir(idx.unit_id, g))
     remove_s = time.monotonic() - t3
@@ -368,7 +367,7 @@ def sweep(layout: PoolLayout, idx: Index) -> None:
     kept = {str(p.generation) for p in idx.points}
     for d in root.iterdir():
         if d.is_dir() and d.name not in kept:
-            shutil.rmtree(d, ignore_errors=True)
+            store.remove_tree(d, ignore_errors=True)
         elif d.is_dir():
             _sweep_point(layout, idx.unit_id, d)
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 import collections
 import errno
 import os
-import shutil
 import struct
 import threading
 import time
@@ -493,7 +492,7 @@ class Journal:
         if self.dir.exists():
             # tx.json first, so a crash mid-removal leaves no journal that looks valid
             store.remove(self.dir / "tx.json")
-            shutil.rmtree(self.dir)
+            store.remove_tree(self.dir)
             store.fsync_dir(self.dir.parent)
 
     def seal(self) -> None:

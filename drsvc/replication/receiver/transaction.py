@@ -26,7 +26,6 @@ import errno
 import os
 import threading
 import time
-from typing import Protocol
 
 from ...errors import (
     BaseMismatch,
@@ -61,8 +60,10 @@ MAX_STRIPES = 64
 STRIPE_WAIT = 60.0     # seconds the trailer waits for stripes that make no progress
 
 
-class Replies(Protocol):
-    """Where the receiver's answers go (``program.Out``): control messages and whole frames."""
+class Replies:
+    """Where the receiver's answers go (``program.Out``): control messages and whole frames.
+    An interface for the annotations, met by shape; not a ``typing.Protocol``, whose import
+    every receiver run would pay."""
 
     def control(self, msg: dict) -> None: ...
 

@@ -23,7 +23,6 @@ drops the early copies (logged): the commit then copies everything itself.
 from __future__ import annotations
 
 import collections
-import logging
 import os
 import threading
 import time
@@ -31,12 +30,13 @@ from dataclasses import dataclass
 
 from ...failpoints import failpoint
 from ...layout import PoolLayout
+from ...logs import logger
 from ..common import ranges
 from ..points import undo_log
 from ..points.index import LIVE, Index, ensure_point_dir, member_data, read_meta
 from .commit_points import keeps_undo, undo_target
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 BATCH_RANGES = 512      # a batch is copied once this many spans wait,
 BATCH_WAIT = 0.02       # or this long after the first of them arrived

@@ -8,7 +8,6 @@ committed journal (``replica.recover``).
 from __future__ import annotations
 
 import os
-import shutil
 import time
 
 from ... import schedule_changes, store
@@ -172,7 +171,7 @@ def release(layout: PoolLayout, reader: FrameReader, out: Replies, args: list[st
         if st is not None:
             store.remove(layout.state_path(unit_id))
     # the lock file goes last, outside the lock
-    shutil.rmtree(layout.unit_dir(unit_id), ignore_errors=True)
+    store.remove_tree(layout.unit_dir(unit_id), ignore_errors=True)
     out.control({"type": "released", "unit": unit_id, "existed": st is not None,
                  "removed_images": removed})
 

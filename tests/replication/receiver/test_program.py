@@ -1,0 +1,36 @@
+"""What a receiver run loads. The receiver starts once per channel (sshd's forced command),
+so what it imports is paid by every sync and every status request of every unit."""
+from __future__ import annotations
+
+import os
+
+from drsvc.replication import peer_status, sync_unit
+from drsvc.transport.local import LocalPeer
+
+MiB = 1 << 20
+# stdlib modules a status run has no use for: logging loads traceback, linecache and
+# tokenize behind it; typing and uuid are for annotations and repair ids; shutil for removals
+NOT_FOR_A_STATUS = {"logging", "typing", "uuid", "shutil"}
+
+
+def _loaded(err: str) -> set[str]:
+    """Module names from ``-X importtime`` lines (``import time: self | cumulative | name``)."""
+    return {line.split("|")[2].strip() for line in err.splitlines() if line.startswith("import time:")}
+
+
+def test_a_status_request_loads_only_what_it_uses(tmp_path, capfd):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for p in (a, b):
+        (p / "images").mkdir(parents=True)
+    with open(a / "images" / "v.img", "wb") as f:
+        f.truncate(4 * MiB)
+        f.write(os.urandom(MiB))
+    sync_unit(a, "v", ["v"], LocalPeer(b))
+    capfd.readouterr()
+    peer = LocalPeer(b, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    st = peer_status(peer, "v")
+    assert st["generation"] == 1
+    peer.last_proc.wait(timeout=30)          # all of its lines written
+    loaded = _loaded(capfd.readouterr().err)
+    assert {"drsvc.layout", "drsvc.replication.receiver.transaction"} <= loaded      # the scan sees them
+    assert not loaded & NOT_FOR_A_STATUS, sorted(loaded & NOT_FOR_A_STATUS)
