@@ -15,3 +15,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 # a distro redis or sshd started by the package is not ours: the sites start their own
 python3 -m pip install -q --disable-pip-version-check -e '.[test]'
+# An editable install leaves the tree as source. Byte-compile it here, as pip does for a
+# regular install: every receiver, worker and plugin process would otherwise compile the
+# modules it imports again, and with PYTHONDONTWRITEBYTECODE set nothing is cached either.
+python3 -m compileall -q -j 0 drsvc drsvc_cli drsvc_lab csi_plugin workers bench >/dev/null
