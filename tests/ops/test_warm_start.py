@@ -78,3 +78,14 @@ def test_the_plugins_dispatcher_has_its_result_backend_before_its_first_call(red
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "True"
+
+
+def test_what_the_preload_loaded_is_frozen_before_the_pool_forks():
+    """Celery collects before it forks each pool process: what the preload loaded is in the
+    permanent generation by then, so that collection neither walks it nor writes to its pages."""
+    code = ("import gc\nfrom workers.main import preload\n"
+            "before = gc.get_freeze_count()\npreload('data')\nprint(before, gc.get_freeze_count())")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         check=True)
+    before, after = map(int, out.stdout.split())
+    assert before == 0 and after > 10_000, (before, after)
