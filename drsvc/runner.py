@@ -52,9 +52,10 @@ def spawn(argv, *, env=None, stdin=None, stdout=None, stderr=None, cwd=None) -> 
                             close_fds=True, start_new_session=True)
 
 
-def module_without_site(module: str, *args) -> tuple[list[str], str]:
+def module_without_site(module: str, *args, first: str | None = None) -> tuple[list[str], str]:
     """argv running *module* of this tree in this interpreter with ``site`` off (``-S``), and
-    the PYTHONPATH that finds what it imports: this tree first, then the directories ``site``
+    the PYTHONPATH that finds what it imports: the caller's *first* (a PYTHONPATH it sets for
+    the child, such as another release's tree), then this tree, then the directories ``site``
     would add, without running their ``.pth`` hooks. For the receiver, which starts once per
     channel: hooks such as an editable install's finder are for the lab's own processes, not
     for every channel's."""
@@ -63,7 +64,7 @@ def module_without_site(module: str, *args) -> tuple[list[str], str]:
     from pathlib import Path
 
     tree = str(Path(__file__).resolve().parents[1])
-    dirs = [tree, *site.getsitepackages()]
+    dirs = [d for d in (first or "").split(os.pathsep) if d] + [tree, *site.getsitepackages()]
     if site.ENABLE_USER_SITE and os.path.isdir(site.getusersitepackages()):
         dirs.append(site.getusersitepackages())
     dirs += [d for d in os.environ.get("PYTHONPATH", "").split(os.pathsep) if d]

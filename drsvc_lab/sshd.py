@@ -35,10 +35,10 @@ def receiver_command(pool: Path, env: dict | None = None) -> str:
     shell), with *env* set for the receiver (sshd passes no client environment)."""
     # sshd starts the receiver in the account's home with a clean environment: the path names
     # this tree, or a lab run from a second checkout would run the installed checkout's receiver
-    argv, pythonpath = runner.module_without_site("drsvc.replication.receiver", "--pool", pool)
     env = dict(env or {})
     # a PYTHONPATH of the caller's (another release's tree) comes first
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), pythonpath) if p)
+    argv, env["PYTHONPATH"] = runner.module_without_site("drsvc.replication.receiver", "--pool", pool,
+                                                         first=env.get("PYTHONPATH"))
     argv = ["env", *(f"{k}={v}" for k, v in env.items()), *argv]
     return "exec " + shlex.join(argv)
 

@@ -81,15 +81,12 @@ class LocalPeer(Peer):
             listener.listen(1)
             listener.settimeout(0.2)
             words = ("--pool", self.pool, "--connect", path, verb, *args)
+            env = {**os.environ, **(self.env or {})}
             if self.python == sys.executable:
-                argv, pythonpath = runner.module_without_site("drsvc.replication.receiver", *words)
-                env = {**os.environ, **(self.env or {})}
-                # a PYTHONPATH of the caller's comes first; this tree's, without site, after it
-                mine = (self.env or {}).get("PYTHONPATH")
-                env["PYTHONPATH"] = os.pathsep.join(p for p in (mine, pythonpath) if p)
+                argv, env["PYTHONPATH"] = runner.module_without_site(
+                    "drsvc.replication.receiver", *words, first=(self.env or {}).get("PYTHONPATH"))
             else:       # another interpreter: its own site and environment
                 argv = [self.python, "-m", "drsvc.replication.receiver", *words]
-                env = dict(os.environ, **(self.env or {}))
             proc = runner.spawn(argv, env=env)
             self.last_proc = proc
             waited = 0.0
