@@ -118,8 +118,8 @@ def changed_ranges(spans, tx: dict) -> dict:
     """volume id -> the ranges a committed journal changes in that member's image: its
     records (*spans*, (member index, offset, length) each, as ``Journal.spans`` gives them)
     and the growth past the base size. Fresh members are left out: they had no image at
-    the base."""
-    np = _np()
+    the base. So are members the transaction leaves as they were: an idle generation's
+    commit finds nothing to keep without loading numpy."""
     members = tx["members"]
     starts: dict[int, list] = {i: [] for i, m in enumerate(members) if not m["fresh"]}
     ends: dict[int, list] = {i: [] for i in starts}
@@ -133,7 +133,8 @@ def changed_ranges(spans, tx: dict) -> dict:
         if m["size"] > m["base_size"]:
             s.append(m["base_size"])
             ends[i].append(m["size"])
-        out[m["volume_id"]] = ranges.normalize(np.asarray(s, dtype=np.int64), np.asarray(ends[i], dtype=np.int64))
+        if s:
+            out[m["volume_id"]] = ranges.normalize(s, ends[i])
     return out
 
 

@@ -111,22 +111,12 @@ def hello(layout: PoolLayout, reader: FrameReader, out: Out, args: list[str]) ->
                  "versions": list(frames.SUPPORTED_VERSIONS), "verbs": sorted(VERBS)})
 
 
-def _import_ahead() -> None:
-    """Import what a commit imports lazily, while an `apply` conversation's first messages
-    come: numpy (the recovery points' range sets, ``common.ranges``) and zstandard
-    (compressed records). Left to the commit, a fresh receiver's first transaction would
-    pay for them between its commit marker and its answer."""
-    try:
-        import numpy  # noqa: F401
-        import zstandard  # noqa: F401
-    except ImportError:        # the commit raises it, if it ever needs the module
-        pass
-
-
 def serve(layout: PoolLayout, reader: FrameReader, out: Out, args: list[str]) -> None:
     """Answer requests until the sender closes the channel. Any error ends the
     process (main reports it typed): the stream may be mid-request. The commit's lazy
-    imports start at the first request that can lead to one, not for a stripe's channel."""
+    imports start at the first request that can lead to one, not for a stripe's channel: a
+    warm receiver waits for its next sync with them loaded. (A one-shot ``apply`` loads
+    them only for a transaction that ships data: ``transaction.import_ahead``.)"""
     hello(layout, reader, out, args)
     ahead = False
     while True:
@@ -151,7 +141,9 @@ def serve(layout: PoolLayout, reader: FrameReader, out: Out, args: list[str]) ->
         handler = VERBS[verb].handler
         if verb == "apply" and not ahead:
             import typing  # noqa: F401
-            threading.Thread(target=_import_ahead, name="drsvc-import-ahead", daemon=True).start()
+
+            from .transaction import AHEAD_THREAD, import_commit_modules
+            threading.Thread(target=import_commit_modules, name=AHEAD_THREAD, daemon=True).start()
             ahead = True
         handler(layout, reader, out, vargs)
 

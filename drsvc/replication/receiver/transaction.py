@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
 import threading
 import time
 
@@ -108,6 +109,34 @@ def parse_tx(msg: dict) -> dict:
     if not members or len(members) > 0xFFFF or len({m["volume_id"] for m in members}) != len(members):
         raise ProtocolError(reason="bad member list")
     return tx
+
+
+AHEAD_THREAD = "drsvc-import-ahead"
+
+
+def import_commit_modules() -> None:
+    try:
+        import numpy  # noqa: F401
+        import zstandard  # noqa: F401
+    except ImportError:        # the commit raises it, if it ever needs the module
+        pass
+
+
+def import_ahead(tx: dict) -> None:
+    """Import what a commit imports lazily on a thread, while the records come: numpy (the
+    recovery points' range sets, ``common.ranges``) and zstandard (compressed records).
+    Left to the commit, a fresh receiver's first transaction would pay for them between
+    its commit marker and its answer. A transaction that ships no data and grows nothing
+    (an idle interval's generation; ``planned_bytes`` is an upper bound) needs neither, and
+    its receiver never loads them."""
+    if tx["version"] >= 4 and not tx["planned_bytes"] and all(m["size"] <= m["base_size"] for m in tx["members"]):
+        return
+    if "numpy" in sys.modules or any(t.name == AHEAD_THREAD for t in threading.enumerate()):
+        return
+    # typing before the thread starts: a dataclass made on this thread reads
+    # sys.modules["typing"], which the importing thread could be halfway through initialising
+    import typing  # noqa: F401
+    threading.Thread(target=import_commit_modules, name=AHEAD_THREAD, daemon=True).start()
 
 
 def validate_begin(layout: PoolLayout, tx: dict) -> None:
@@ -272,6 +301,7 @@ class Transaction:
             out.control({"type": "refused", "txid": tx["txid"], "error": frames.error_message(e),
                          "status": status_of(self.layout, tx["unit"], j)})
             return
+        import_ahead(tx)
         if (not tx.get("restart") and j.tx and not j.committed()
                 and all(j.tx.get(k) == tx[k] for k in RESUME_KEY)):
             j.scan()

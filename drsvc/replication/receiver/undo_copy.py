@@ -153,6 +153,8 @@ class UndoAhead:
     def _copy(self, targets: dict, batch: list) -> None:
         changed = undo_log.changed_ranges(batch, self.tx)     # as the commit reckons them
         for t in targets.values():
+            if t["vol"] not in changed:
+                continue
             early = self.copied.get(t["vol"])
             have = early.rows if early is not None else undo_log.no_map()
             want = ranges.subtract(changed[t["vol"]], undo_log.covered(have))

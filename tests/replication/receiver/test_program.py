@@ -34,3 +34,34 @@ def test_a_status_request_loads_only_what_it_uses(tmp_path, capfd):
     loaded = _loaded(capfd.readouterr().err)
     assert {"drsvc.layout", "drsvc.replication.receiver.transaction"} <= loaded      # the scan sees them
     assert not loaded & NOT_FOR_A_STATUS, sorted(loaded & NOT_FOR_A_STATUS)
+
+
+def test_an_idle_generation_commits_without_numpy(tmp_path, capfd):
+    """An interval with no writes still ships a generation (the peer's proof of how recent
+    it is), with recovery points kept: its receiver has no ranges to keep, so it loads
+    neither numpy nor zstandard. A generation that writes loads them, ahead of its commit."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for p in (a, b):
+        (p / "images").mkdir(parents=True)
+    img = a / "images" / "v.img"
+    with open(img, "wb") as f:
+        f.truncate(4 * MiB)
+        f.write(os.urandom(MiB))
+    origin = {"site": "a", "interval": 60, "kind": "volume", "volumes": {}, "retention": "1x1000w(keep=all)"}
+    sync_unit(a, "v", ["v"], LocalPeer(b), origin=origin)
+    capfd.readouterr()
+    runs = []
+    for write in (False, True):
+        if write:
+            with open(img, "r+b") as f:
+                f.seek(2 * MiB)
+                f.write(os.urandom(4096))
+        peer = LocalPeer(b, env={"PYTHONPROFILEIMPORTTIME": "1"})
+        sync_unit(a, "v", ["v"], peer, origin=origin)
+        peer.last_proc.wait(timeout=30)
+        runs.append(_loaded(capfd.readouterr().err))
+    assert peer_status(LocalPeer(b), "v")["generation"] == 3
+    idle, wrote = runs
+    assert "drsvc.replication.receiver.commit_points" in idle       # it kept its point
+    assert not idle & {"numpy", "zstandard"}, sorted(idle & {"numpy", "zstandard"})
+    assert "numpy" in wrote
