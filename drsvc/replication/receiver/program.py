@@ -32,7 +32,6 @@ from __future__ import annotations
 import fcntl
 import os
 import sys
-import threading
 from collections.abc import Callable
 from importlib import import_module
 
@@ -118,7 +117,6 @@ def serve(layout: PoolLayout, reader: FrameReader, out: Out, args: list[str]) ->
     warm receiver waits for its next sync with them loaded. (A one-shot ``apply`` loads
     them only for a transaction that ships data: ``transaction.import_ahead``.)"""
     hello(layout, reader, out, args)
-    ahead = False
     while True:
         frame = reader.next_frame(eof_ok=True)
         if frame is None:
@@ -135,16 +133,13 @@ def serve(layout: PoolLayout, reader: FrameReader, out: Out, args: list[str]) ->
         verb, vargs = parse_command(words)
         if verb == "serve":
             raise UnknownVerb(verb="serve")
-        # the verb's module (and typing) before the thread that imports numpy starts: a
-        # dataclass made here reads sys.modules["typing"], which that thread may be halfway
-        # through initialising
+        # the verb's module before the thread that imports numpy starts (which imports typing
+        # first): a dataclass made here reads sys.modules["typing"], which that thread could
+        # be halfway through initialising
         handler = VERBS[verb].handler
-        if verb == "apply" and not ahead:
-            import typing  # noqa: F401
-
-            from .transaction import AHEAD_THREAD, import_commit_modules
-            threading.Thread(target=import_commit_modules, name=AHEAD_THREAD, daemon=True).start()
-            ahead = True
+        if verb == "apply":
+            from .transaction import start_import_ahead
+            start_import_ahead()
         handler(layout, reader, out, vargs)
 
 

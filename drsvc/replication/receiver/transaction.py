@@ -111,10 +111,10 @@ def parse_tx(msg: dict) -> dict:
     return tx
 
 
-AHEAD_THREAD = "drsvc-import-ahead"
+_AHEAD_THREAD = "drsvc-import-ahead"
 
 
-def import_commit_modules() -> None:
+def _import_commit_modules() -> None:
     try:
         import numpy  # noqa: F401
         import zstandard  # noqa: F401
@@ -122,21 +122,26 @@ def import_commit_modules() -> None:
         pass
 
 
-def import_ahead(tx: dict) -> None:
+def start_import_ahead() -> None:
     """Import what a commit imports lazily on a thread, while the records come: numpy (the
     recovery points' range sets, ``common.ranges``) and zstandard (compressed records).
     Left to the commit, a fresh receiver's first transaction would pay for them between
-    its commit marker and its answer. A transaction that ships no data and grows nothing
-    (an idle interval's generation; ``planned_bytes`` is an upper bound) needs neither, and
-    its receiver never loads them."""
-    if tx["version"] >= 4 and not tx["planned_bytes"] and all(m["size"] <= m["base_size"] for m in tx["members"]):
-        return
-    if "numpy" in sys.modules or any(t.name == AHEAD_THREAD for t in threading.enumerate()):
+    its commit marker and its answer. Once per process (repeat-safe)."""
+    if "numpy" in sys.modules or any(t.name == _AHEAD_THREAD for t in threading.enumerate()):
         return
     # typing before the thread starts: a dataclass made on this thread reads
     # sys.modules["typing"], which the importing thread could be halfway through initialising
     import typing  # noqa: F401
-    threading.Thread(target=import_commit_modules, name=AHEAD_THREAD, daemon=True).start()
+    threading.Thread(target=_import_commit_modules, name=_AHEAD_THREAD, daemon=True).start()
+
+
+def import_ahead(tx: dict) -> None:
+    """:func:`start_import_ahead`, unless the transaction ships no data and grows nothing
+    (an idle interval's generation; ``planned_bytes`` is an upper bound): its commit needs
+    neither module, and its receiver never loads them."""
+    if tx["version"] >= 4 and not tx["planned_bytes"] and all(m["size"] <= m["base_size"] for m in tx["members"]):
+        return
+    start_import_ahead()
 
 
 def validate_begin(layout: PoolLayout, tx: dict) -> None:
