@@ -37,6 +37,25 @@ def wait_for(pred, timeout=60, interval=0.3, what="condition"):
     return wait_until(pred, timeout, what, interval=interval)
 
 
+def wait_each_ready(ready, units, timeout: float, what: str, *, on_timeout=None) -> None:
+    """Until ``ready(unit)`` has answered true once for every unit: a unit found ready is
+    done and not asked again, as the csi-addons controller reconciles each
+    VolumeReplication on its own until its ResyncVolume answers ready (kubernetes-csi-addons
+    internal/controller/replication.storage/volumereplication_controller.go). On a timeout,
+    *on_timeout* gets the units still pending (to print what they wait on)."""
+    pending = set(units)
+
+    def all_ready() -> bool:
+        pending.difference_update([u for u in sorted(pending) if ready(u)])
+        return not pending
+    try:
+        wait_for(all_ready, timeout, what=what)
+    except AssertionError as e:
+        if on_timeout is not None:
+            on_timeout(sorted(pending))
+        raise AssertionError(f"{e}; not ready: {', '.join(sorted(pending))}") from e
+
+
 def sync_attempts(site, unit_id) -> int:
     """The unit's syncs from *site* that have ended, landed or failed."""
     c = find_control(site.pool, unit_id)

@@ -17,8 +17,9 @@ import pytest
 
 from csi_plugin.gen import volumegroup_pb2
 from drsvc.replication.common.unit_state import find_state
+from drsvc.replication.control.relationship import find_control
 from drsvc_lab.nodes import node_components
-from tests.dr.helpers import wait_for, write_random
+from tests.dr.helpers import wait_each_ready, wait_for, write_random
 from tests.fixtures.sites import image_sha
 from tests.multinode.test_dr import INTERVAL, at, gen, on, two_sites
 
@@ -88,10 +89,28 @@ def test_promote_all_at_a_multi_node_controller(lab):
     assert rc == 0 and r["failed"] == 0 and sorted(x["unit_id"] for x in r["results"]) == sorted(where), back
     assert all(x["result"] == "demoted" and x["resync"] in ("requested", "ready") for x in r["results"]), back
 
-    def home(u: str) -> bool:
-        key = {"group_id": u} if u == gid else {"volume_id": u}
-        return A.call("ResyncVolume", force=True, sidecar=u == gid, **key).ready
-    wait_for(lambda: all(home(u) for u in where), 120, what="every unit at a resynced from b")
+    _wait_home(lab, A, where, gid)
     assert all(find_state(lab.pool(n, "a"), u).role == "secondary" for u, n in where.items())
     for v, n in {**vols, **span}.items():
         assert image_sha(at(lab, "a", n), v) == image_sha(at(lab, "b", n), v), v
+
+
+def _wait_home(lab, A, where: dict, gid: str) -> None:
+    def home(u: str) -> bool:
+        key = {"group_id": u} if u == gid else {"volume_id": u}
+        return A.call("ResyncVolume", force=True, sidecar=u == gid, **key).ready
+
+    def why(pending):
+        print(json.dumps({u: _why(lab, u, where[u]) for u in pending}, indent=1, default=str))
+    wait_each_ready(home, where, 120, "every unit at a resynced from b", on_timeout=why)
+
+def _why(lab, unit_id: str, node: str) -> dict:
+    """What a unit that is not yet home is waiting on, at each site (printed on a timeout)."""
+    out = {}
+    for site in ("a", "b"):
+        st, c = find_state(lab.pool(node, site), unit_id), find_control(lab.pool(node, site), unit_id)
+        out[site] = {
+            "state": st and {k: getattr(st, k) for k in ("role", "epoch", "generation", "diverged", "resync_requested")},
+            "control": c and {k: getattr(c, k) for k in ("last_error", "consecutive_failures", "syncs_total",
+                                                        "failures_total", "last_sync_time", "last_attempt")}}
+    return out
