@@ -104,6 +104,7 @@ def _wait_home(lab, A, where: dict, gid: str) -> None:
         print(json.dumps({u: _why(lab, u, where[u]) for u in pending}, indent=1, default=str))
     wait_each_ready(home, where, 120, "every unit at a resynced from b", on_timeout=why)
 
+
 def _why(lab, unit_id: str, node: str) -> dict:
     """What a unit that is not yet home is waiting on, at each site (printed on a timeout)."""
     out = {}
