@@ -37,6 +37,12 @@ def wait_for(pred, timeout=60, interval=0.3, what="condition"):
     return wait_until(pred, timeout, what, interval=interval)
 
 
+def resync_ready(client, unit_id: str, gid: str | None = None) -> bool:
+    """One ResyncVolume (force) of a volume, or of the group *gid* through its sidecar call."""
+    key = {"group_id": unit_id} if unit_id == gid else {"volume_id": unit_id}
+    return client.call("ResyncVolume", force=True, sidecar=unit_id == gid, **key).ready
+
+
 def wait_each_ready(ready, units, timeout: float, what: str, *, on_timeout=None) -> None:
     """Until ``ready(unit)`` has answered true once for every unit: a unit found ready is
     done and not asked again, as the csi-addons controller reconciles each

@@ -20,7 +20,7 @@ import pytest
 from csi_plugin.gen import volumegroup_pb2
 from drsvc_cli.client import DrClient
 from tests.ansible.test_playbooks import ansible, replicated_volume  # noqa: F401 - the fixture
-from tests.dr.helpers import wait_each_ready, wait_synced_after, write_random
+from tests.dr.helpers import resync_ready, wait_each_ready, wait_synced_after, write_random
 from tests.fixtures.sites import image_sha
 
 INTERVAL = {"schedulingInterval": "2s"}
@@ -101,10 +101,7 @@ def test_promote_all_takes_over_a_lost_site(lab):
                                       for x in mine.values()), r
     A = lab.clients["a"]
 
-    def home(unit: str) -> bool:
-        key = {"group_id": unit} if unit == gid else {"volume_id": unit}
-        return A.call("ResyncVolume", force=True, sidecar=unit == gid, **key).ready
-    wait_each_ready(home, units, 90, "every unit at a resynced from b")
+    wait_each_ready(lambda u: resync_ready(A, u, gid), units, 90, "every unit at a resynced from b")
     for v in [*vols, *members]:                       # a follows b again: its divergence is gone
         assert image_sha(sa, v) == image_sha(sb, v), v
     assert all(u["role"] == "secondary" for u in drsvc(sa, "status")[1]["result"] if u["unit_id"] in units)
@@ -157,8 +154,7 @@ def test_site_failover_check_mode_then_takeover(lab, ansible):  # noqa: F811
     out = ansible.playbook("site-failback.yml", **common)
     assert "demoted 1 of 1 unit(s) at a" in out, out
     A = lab.clients["a"]
-    wait_each_ready(lambda v: A.call("ResyncVolume", force=True, volume_id=v).ready, vids, 90,
-                    "the unit at a resynced from b")
+    wait_each_ready(lambda v: resync_ready(A, v), vids, 90, "the unit at a resynced from b")
     with DrClient(sa.endpoint) as a:
         for v in vids:
             assert a.status(volume_id=v)["role"] == "secondary" and image_sha(sa, v) == image_sha(sb, v), v

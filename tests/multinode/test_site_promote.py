@@ -19,7 +19,7 @@ from csi_plugin.gen import volumegroup_pb2
 from drsvc.replication.common.unit_state import find_state
 from drsvc.replication.control.relationship import find_control
 from drsvc_lab.nodes import node_components
-from tests.dr.helpers import wait_each_ready, wait_for, write_random
+from tests.dr.helpers import resync_ready, wait_each_ready, wait_for, write_random
 from tests.fixtures.sites import image_sha
 from tests.multinode.test_dr import INTERVAL, at, gen, on, two_sites
 
@@ -96,13 +96,10 @@ def test_promote_all_at_a_multi_node_controller(lab):
 
 
 def _wait_home(lab, A, where: dict, gid: str) -> None:
-    def home(u: str) -> bool:
-        key = {"group_id": u} if u == gid else {"volume_id": u}
-        return A.call("ResyncVolume", force=True, sidecar=u == gid, **key).ready
-
     def why(pending):
         print(json.dumps({u: _why(lab, u, where[u]) for u in pending}, indent=1, default=str))
-    wait_each_ready(home, where, 120, "every unit at a resynced from b", on_timeout=why)
+    wait_each_ready(lambda u: resync_ready(A, u, gid), where, 120, "every unit at a resynced from b",
+                    on_timeout=why)
 
 
 def _why(lab, unit_id: str, node: str) -> dict:
