@@ -14,6 +14,7 @@ import pytest
 
 from drsvc import store
 from drsvc.layout import PoolLayout
+from drsvc_lab.net import WaitTimeout
 from drsvc.replication.common.unit_state import find_state
 from tests.dr.helpers import generation, wait_attempts, wait_for, wait_synced_after, write_random
 from tests.fixtures.sites import image_sha
@@ -69,25 +70,43 @@ def test_peer_pool_full(small_peer_lab):
         write_random(sa, vol, count=48, size=1 * MiB, seed=7)
     gens.record(sa, vol)
     free_before = os.statvfs(sb.pool).f_bavail * os.statvfs(sb.pool).f_frsize
-    # a sync still running under load reads DEGRADED as "behind schedule" first: wait for the
-    # failure itself
-    st = wait_for(lambda: (s := status(A, vol)).status == "DEGRADED" and "failure" in s.status_message and s,
-                  90, what="DEGRADED by a failed sync")
-    print("pool full:", st.status_message)
-    assert "space" in st.status_message.lower(), st.status_message
+    # a sync still running under load reads DEGRADED as "behind schedule" first, and an
+    # attempt whose channel closed before the receiver's answer reads as a lost connection:
+    # wait for the full pool's own failure (the schedule retries every interval)
+    seen = set()
+
+    def failed_for_space():
+        s = status(A, vol)
+        if s.status == "DEGRADED" and "failure" in s.status_message:
+            seen.add(s.status_message)
+            return "space" in s.status_message.lower() and s
+        return False
+    try:
+        st = wait_for(failed_for_space, 90, what="DEGRADED by the full pool")
+    except WaitTimeout:
+        raise AssertionError(f"no sync failed for the full pool; the failures seen: {sorted(seen)}") from None
+    print("pool full:", st.status_message, "; before it:", sorted(seen - {st.status_message}))
     # a named error that says how much was needed, not an OSError
     assert "the DR pool at the peer is full: this sync needs about" in st.status_message, st.status_message
     assert "Errno" not in st.status_message and "OSError" not in st.status_message
     rc, doc = _cli(sa, "sync-now", "--volume", vol, "--wait")
     assert rc != 0 and doc["error"]["code"] == "RESOURCE_EXHAUSTED", doc
-    # the failed transaction's data is gone: the space is there for the other units' syncs
-    assert not PoolLayout(sb.pool).journal_dir(vol).exists()
-    free_after = os.statvfs(sb.pool).f_bavail * os.statvfs(sb.pool).f_frsize
-    assert free_after >= free_before - 1 * MiB, (free_before, free_after)
-    # the replica keeps its last whole generation: the bytes from before the filler (a
-    # scheduled sync with nothing new may still land a generation of its own under load)
-    assert generation(sb, vol) >= before_gen
-    assert gens.check_whole(sb, vol) == before_sha
+    # the unit's lock at a, as a sync holds it: no scheduled sync begins a journal of its own
+    # at b while the failed ones' leftovers are looked for
+    with store.file_lock(PoolLayout(sa.pool).lock_path(vol), key=vol):
+        # the failed transaction's data is gone: the space is there for the other units' syncs
+        # (a receiver whose sender stopped waiting may still be removing it)
+        journal = PoolLayout(sb.pool).journal_dir(vol)
+        try:
+            wait_for(lambda: not journal.exists(), 30, what="the failed journal removed")
+        except WaitTimeout:
+            raise AssertionError(f"left at b: {sorted(str(p) for p in journal.rglob('*'))}") from None
+        free_after = os.statvfs(sb.pool).f_bavail * os.statvfs(sb.pool).f_frsize
+        assert free_after >= free_before - 1 * MiB, (free_before, free_after)
+        # the replica keeps its last whole generation: the bytes from before the filler (a
+        # scheduled sync with nothing new may still land a generation of its own under load)
+        assert generation(sb, vol) >= before_gen
+        assert gens.check_whole(sb, vol) == before_sha
 
     filler.unlink()
     # nobody intervenes: the schedule's next attempts get through

@@ -235,7 +235,7 @@ def main(argv=None) -> int:
         code = 3
         err = e
         import traceback
-        traceback.print_exc(file=sys.stderr)
+        _say(traceback.format_exc())
         from .transaction import out_of_space
         if out_of_space(e):
             code, err = 2, DrPoolNoSpace(pool=pool, reason=f"{words[0] if words else 'the request'}: no space left on its filesystem")
@@ -243,8 +243,18 @@ def main(argv=None) -> int:
         out.control(frames.error_message(err))
     except OSError:
         pass
-    print(f"drsvc-receiver: {err}", file=sys.stderr)
+    _say(f"drsvc-receiver: {err}\n")
     return code
+
+
+def _say(text: str) -> None:
+    """To stderr, unbuffered. The sender may have closed the channel already (it gave up, or
+    stopped on a stripe's error): the exit code still says how this ended, and no traceback
+    of the closed pipe replaces it."""
+    try:
+        os.write(2, text.encode(errors="replace"))
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":

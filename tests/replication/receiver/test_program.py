@@ -65,3 +65,23 @@ def test_an_idle_generation_commits_without_numpy(tmp_path, capfd):
     assert "drsvc.replication.receiver.commit_points" in idle       # it kept its point
     assert not idle & {"numpy", "zstandard"}, sorted(idle & {"numpy", "zstandard"})
     assert "numpy" in wrote
+
+
+def test_a_receiver_whose_channel_is_gone_still_exits_with_its_code(tmp_path):
+    """A sender that gave up closes the channel before the receiver says why it stopped: the
+    error frame and the stderr line both meet a closed pipe. The receiver still exits with the
+    code of its error (2: a typed one), not with a traceback of the broken pipe."""
+    import subprocess
+    import sys
+    (tmp_path / "images").mkdir()
+    r_out, w_out = os.pipe()
+    r_err, w_err = os.pipe()
+    os.close(r_out)
+    os.close(r_err)         # nobody reads either: every write is EPIPE
+    try:
+        p = subprocess.run([sys.executable, "-m", "drsvc.replication.receiver", "--pool", str(tmp_path), "no-such-verb"],
+                           stdin=subprocess.DEVNULL, stdout=w_out, stderr=w_err, timeout=60)
+    finally:
+        os.close(w_out)
+        os.close(w_err)
+    assert p.returncode == 2
