@@ -56,6 +56,11 @@ class Channel(ABC):
         """False once the channel is known to be closed (a warm channel is then not reused)."""
         return True
 
+    def buffered(self) -> bool:
+        """Whether a recv would return at once: bytes, or the end, have arrived. False when
+        the transport cannot tell."""
+        return False
+
     def __enter__(self):
         return self
 

@@ -6,6 +6,7 @@ private unix socket, which carries the protocol both ways like an SSH channel.
 from __future__ import annotations
 
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -23,11 +24,13 @@ class LocalChannel(Channel):
     def __init__(self, sock: socket.socket, proc: subprocess.Popen, name: str):
         self.sock, self.proc, self.name = sock, proc, name
         self.bytes_sent = 0
+        self.broken = False     # a send failed: the receiver closed its end
 
     def send(self, data) -> None:
         try:
             self.sock.sendall(data)
         except OSError as e:
+            self.broken = True
             raise PeerUnreachable(peer=self.name, reason=f"receiver connection lost: {e}") from None
         self.bytes_sent += len(data)
 
@@ -54,6 +57,17 @@ class LocalChannel(Channel):
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+    def alive(self) -> bool:
+        """False once the receiver closed its end or exited; what it wrote before that is
+        still buffered on the socket, so a read then never waits."""
+        return not self.broken and self.proc.poll() is None
+
+    def buffered(self) -> bool:
+        try:
+            return bool(select.select([self.sock], [], [], 0)[0])
+        except (OSError, ValueError):       # closed here
+            return True
 
     def exit_status(self, timeout: float = 5.0):
         try:

@@ -156,6 +156,9 @@ class SshChannel(Channel):
             return self.chan.recv_exit_status()
         return None
 
+    def buffered(self) -> bool:
+        return self.chan.recv_ready() or self.chan.eof_received or self.chan.closed
+
     def alive(self) -> bool:
         t = self.chan.get_transport()
         return (not self.chan.closed and not self.chan.eof_received and not self.chan.exit_status_ready()

@@ -215,8 +215,10 @@ class Stripes:
                 raise StreamCorrupt(reason=f"expected a stripe's end, got {msg['type']!r}")
             n = int(msg.get("records") or 0)
         except BaseException as e:  # noqa: BLE001 - the trailer raises it
-            # the sender may read a stripe's answer before the master's: both name a full pool
-            stripe.finish({"error": frames.error_message(self.t.pool_full_error() if out_of_space(e) else e)})
+            # the sender may read a stripe's answer before the master's (or instead of it, when
+            # the master's channel is lost): both name a full pool, whichever channel met it
+            full = out_of_space(e) or self.t.pool_is_full
+            stripe.finish({"error": frames.error_message(self.t.pool_full_error() if full else e)})
             with self._cv:
                 self.error = self.error or e
                 self._cv.notify_all()
@@ -256,6 +258,7 @@ class Transaction:
         self.stripes: Stripes | None = None
         self.undo: UndoAhead | None = None   # the recovery point's undo copy, made as records arrive
         self.begun = threading.Event()   # begin decided (journal ready, or refused): stripes may read
+        self.pool_is_full = False        # the transaction ended for a full pool
         self._lock = threading.Lock()
 
     def run(self, reader: FrameReader, out: Replies) -> Journal:
@@ -280,10 +283,15 @@ class Transaction:
                     raise StreamCorrupt(reason=f"expected commit, got {msg['type']!r}")
                 return self.finish(msg, out)
         except BaseException as e:
+            # a stripe's write may be the one that met the full pool, while this thread only
+            # saw its own channel close (the sender stopped on that stripe's word)
+            stripe_error = self.stripes.error if self.stripes is not None else None
+            full = (out_of_space(e) or out_of_space(stripe_error)) and not self.journal.committed()
+            self.pool_is_full = full        # set before the seal: the stripes stopped by it say so
             # stripe threads may still be reading their channels: none may append from here
             # on (the journal is about to be synced and closed under them)
             self.journal.seal()
-            if out_of_space(e) and not self.journal.committed():
+            if full:
                 raise self._pool_full() from None
             self._keep_received()
             raise
@@ -501,7 +509,11 @@ def out_of_space(exc: BaseException | None) -> bool:
 def _allocated(d) -> int:
     """Bytes the transaction's files hold on disk (records, data, staging images)."""
     total = 0
-    for f in d.rglob("*") if d.exists() else ():
+    try:
+        files = list(d.rglob("*")) if d.exists() else []
+    except OSError:         # removed while walked: a stripe asks as the master discards it
+        files = []
+    for f in files:
         try:
             st = f.lstat()
         except OSError:

@@ -529,6 +529,21 @@ class Stripe:
             self.ok = False
         self.lease.release(self.ok)
 
+    def last_word(self) -> DrsvcError | None:
+        """The typed error the stripe's receiver sent as it stopped, once its channel is closed
+        and what it said has arrived; None otherwise. It never waits: a killed stripe's
+        channel can stay open, and silent, while the master holds its descriptors."""
+        chan = self.lease.chan
+        if chan.alive() or not chan.buffered():
+            return None
+        try:
+            self.reader.control()
+        except DrsvcError as e:
+            return e if getattr(e, "remote", False) else None
+        except Exception:   # noqa: BLE001 - a channel with no word left
+            return None
+        return None
+
     def close(self) -> None:
         self.lease.release(False)
 

@@ -11,7 +11,7 @@ import logging
 import os
 import time
 
-from ...errors import PeerUnreachable, ReplicationConflict, StreamCorrupt
+from ...errors import PeerUnreachable, PoolFull, ReplicationConflict, StreamCorrupt
 from ...transport import LinkHints
 from ..wire import frames, stripe_token
 from .driver import Refused, Session
@@ -123,15 +123,24 @@ def _report_times(report: SyncReport, reply: dict, t0: float, t_sent: float, t_e
 def _send_or_say_why(session: Session, stripes, came, send):
     """Run *send*. When a channel breaks and the receiver stopped because it refused
     something (a pool out of space, a bad record), its typed error is on the master channel,
-    which a one flight's watcher reads: raise that rather than the lost connection."""
+    which a one flight's watcher reads: raise that rather than the lost connection. A full
+    pool is also what a stripe whose channel closed said as it stopped: that is raised when
+    the master's own word is lost with its channel, or does not come in time."""
     try:
         return send()
-    except PeerUnreachable:
+    except PeerUnreachable as cut:
+        said = [w for w in (s.last_word() for s in stripes) if isinstance(w, PoolFull)]
         for s in stripes:
             s.close()
         if came is not None and came.wait(ERROR_WAIT):
-            session.answer()       # raises the peer's error; a plain answer here is not expected
-        raise
+            try:
+                session.answer()       # raises the peer's error; a plain answer here is not expected
+            except PeerUnreachable:
+                if not said:
+                    raise
+        if said:
+            raise said[0] from None
+        raise cut
 
 
 def _stripe_count(session: Session, planned: int, link: LinkHints, bwlimit: float | None) -> int:

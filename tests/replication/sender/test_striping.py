@@ -6,6 +6,7 @@ stand-in is a channel wrapper that cuts one stripe's connection after some bytes
 broken TCP connection would."""
 import os
 import socket
+import threading
 
 import pytest
 
@@ -185,6 +186,54 @@ def test_a_full_peer_pool_is_named_on_every_channel():
         for _ in range(3):      # the race between the channels' answers, a few times over
             with pytest.raises(DrsvcError) as err:
                 sync_unit(a, "u", ["v1"], Recording(b), link=STRIPED)
+            assert isinstance(err.value, PoolFull), f"{type(err.value).__name__}: {err.value}"
+            assert "Errno" not in str(err.value) and "OSError" not in str(err.value)
+            assert not PoolLayout(b).journal_dir("u").exists()
+
+
+class SilentMaster(Recording):
+    """The master channel's answer is lost on the way, as when its channel closes before the
+    receiver's word crosses it: once the stripes are open, its reads wait until the sender
+    closes it, and then see the end."""
+
+    def open(self, verb, *args):
+        chan = super().open(verb, *args)
+        if verb == "apply":
+            closed = threading.Event()
+            real_recv, real_close = chan.recv, chan.close
+
+            def recv(n):
+                if any(v == "stripe" for v, _ in self.opened):
+                    closed.wait(120)
+                    return b""
+                return real_recv(n)
+
+            def close():
+                closed.set()
+                real_close()
+            chan.recv, chan.close = recv, close
+        return chan
+
+
+def test_a_full_pool_is_named_by_a_stripe_when_the_masters_word_is_lost():
+    """The stripes meet the full pool and say so as they stop; the master's word never comes.
+    The sender raises what a stripe said (a ResourceExhausted), not the lost connection, and
+    the master, which only saw its channel close, still removes the transaction's data."""
+    from tests.fixtures.xfs import loop_mounted_fs
+
+    from drsvc.errors import DrsvcError, PoolFull
+    with loop_mounted_fs("320M") as mnt:
+        a, b = new_sites(mnt)
+        make_image(a / "images" / "v1.img", 48 * MiB, [(0, os.urandom(40 * MiB))])
+        fd = os.open(mnt / "filler", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fs = os.statvfs(mnt)
+            os.posix_fallocate(fd, 0, fs.f_bavail * fs.f_frsize - 6 * MiB)
+        finally:
+            os.close(fd)
+        for _ in range(2):
+            with pytest.raises(DrsvcError) as err:
+                sync_unit(a, "u", ["v1"], SilentMaster(b), link=STRIPED)
             assert isinstance(err.value, PoolFull), f"{type(err.value).__name__}: {err.value}"
             assert "Errno" not in str(err.value) and "OSError" not in str(err.value)
             assert not PoolLayout(b).journal_dir("u").exists()
