@@ -2,8 +2,8 @@
 channels, each stripe's stream handed to the master receiver, one journal, one commit.
 
 Real receivers (local transport: a process per channel over a unix socket); the only
-stand-in is a channel wrapper that cuts one stripe's connection after some bytes, as a
-broken TCP connection would."""
+stand-ins are channel wrappers: one cuts a stripe's connection after some bytes, as a
+broken TCP connection would, and one loses the master channel's answer."""
 import os
 import socket
 import threading
@@ -166,6 +166,20 @@ def test_stripe_count_follows_rate_rtt_and_window():
                                                            max_stripes=16)) == 10
 
 
+def _sites_with_6_mib_free(mnt):
+    """Sites a and b on the filesystem at *mnt*, a's image v1 holding 40 MiB to ship, and a
+    file beside them that leaves 6 MiB free."""
+    a, b = new_sites(mnt)
+    make_image(a / "images" / "v1.img", 48 * MiB, [(0, os.urandom(40 * MiB))])
+    fd = os.open(mnt / "filler", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fs = os.statvfs(mnt)
+        os.posix_fallocate(fd, 0, fs.f_bavail * fs.f_frsize - 6 * MiB)
+    finally:
+        os.close(fd)
+    return a, b
+
+
 def test_a_full_peer_pool_is_named_on_every_channel():
     """A striped sync into a peer whose filesystem fills part-way: the sender reads whichever
     channel answers first, the master's or a stripe's, and each names the full pool (a
@@ -174,15 +188,7 @@ def test_a_full_peer_pool_is_named_on_every_channel():
 
     from drsvc.errors import DrsvcError, PoolFull
     with loop_mounted_fs("320M") as mnt:
-        a, b = new_sites(mnt)
-        make_image(a / "images" / "v1.img", 48 * MiB, [(0, os.urandom(40 * MiB))])
-        filler = mnt / "filler"
-        fd = os.open(filler, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fs = os.statvfs(mnt)
-            os.posix_fallocate(fd, 0, fs.f_bavail * fs.f_frsize - 6 * MiB)
-        finally:
-            os.close(fd)
+        a, b = _sites_with_6_mib_free(mnt)
         for _ in range(3):      # the race between the channels' answers, a few times over
             with pytest.raises(DrsvcError) as err:
                 sync_unit(a, "u", ["v1"], Recording(b), link=STRIPED)
@@ -223,14 +229,7 @@ def test_a_full_pool_is_named_by_a_stripe_when_the_masters_word_is_lost():
 
     from drsvc.errors import DrsvcError, PoolFull
     with loop_mounted_fs("320M") as mnt:
-        a, b = new_sites(mnt)
-        make_image(a / "images" / "v1.img", 48 * MiB, [(0, os.urandom(40 * MiB))])
-        fd = os.open(mnt / "filler", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fs = os.statvfs(mnt)
-            os.posix_fallocate(fd, 0, fs.f_bavail * fs.f_frsize - 6 * MiB)
-        finally:
-            os.close(fd)
+        a, b = _sites_with_6_mib_free(mnt)
         for _ in range(2):
             with pytest.raises(DrsvcError) as err:
                 sync_unit(a, "u", ["v1"], SilentMaster(b), link=STRIPED)
