@@ -14,8 +14,8 @@ import pytest
 
 from drsvc import store
 from drsvc.layout import PoolLayout
-from drsvc_lab.net import WaitTimeout
 from drsvc.replication.common.unit_state import find_state
+from drsvc_lab.net import WaitTimeout
 from tests.dr.helpers import generation, wait_attempts, wait_for, wait_synced_after, write_random
 from tests.fixtures.sites import image_sha
 
