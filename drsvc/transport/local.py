@@ -59,8 +59,9 @@ class LocalChannel(Channel):
                 self.proc.wait()
 
     def alive(self) -> bool:
-        """False once the receiver closed its end or exited; what it wrote before that is
-        still buffered on the socket, so a read then never waits."""
+        """False once a send failed (the receiver closed its end) or the receiver exited. A
+        read may still wait: a stripe's socket can be held open by the master it joined
+        (``buffered`` says whether it would)."""
         return not self.broken and self.proc.poll() is None
 
     def buffered(self) -> bool:
