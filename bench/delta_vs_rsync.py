@@ -241,7 +241,7 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--repeat", type=int, default=3, help="runs per case (best and median reported)")
     ap.add_argument("--peer-fs", choices=("shared", "own"), default="shared",
                     help="the peer's pool on the primary's XFS, or on one of its own (the disk stays shared)")
-    ap.add_argument("--ack", choices=("applied", "durable"), default="applied",
+    ap.add_argument("--ack", choices=("applied", "durable"), default="durable",
                     help="the peer's ack ([peers.<name>] ack): durable answers before the apply")
     ap.add_argument("--warm", action="store_true",
                     help="leave page caches as they are (default: every run starts cold)")

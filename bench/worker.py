@@ -143,7 +143,7 @@ def main(argv=None) -> int:
     ap.add_argument("--key", required=True)
     ap.add_argument("--known-hosts", required=True)
     ap.add_argument("--link-rate", type=float, default=0.0, help="the peer's link_rate (bytes/s; 0: unset)")
-    ap.add_argument("--ack", choices=("applied", "durable"), default="applied", help="the peer's ack")
+    ap.add_argument("--ack", choices=("applied", "durable"), default="durable", help="the peer's ack")
     serve(ap.parse_args(argv))
     return 0
 

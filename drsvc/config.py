@@ -30,9 +30,9 @@ Example::
     # max_stripes = 16                                   # channels one sync may take (1: never stripe)
     # window = 2097152                                   # the peer sshd's channel window (HPN-SSH: larger)
     # stripes = 0                                        # fix the channels of every sync (0: from RTT and rate)
-    # ack = "applied"                                    # the peer answers a sync once its replica is at the
-    #                                                    # generation; "durable": once its journal is, and
-    #                                                    # applies after the answer (the undo copy too)
+    # ack = "durable"                                    # the peer answers a sync once its journal is durable,
+    #                                                    # and applies after the answer (the undo copy too);
+    #                                                    # "applied": once its replica is at the generation
 
 A site of several storage nodes lists them; each node's plugin and worker run with
 ``--node NAME`` (or ``DRSVC_NODE``) and use that node's pool, and the site's controller
@@ -102,7 +102,7 @@ class PeerConfig:
     max_stripes: int = 16         # channels one sync may take
     window: int = 2 << 20         # the peer sshd's channel window
     stripes: int = 0              # channels of every sync, fixed (0: from the measured RTT and the rate)
-    ack: str = "applied"          # the peer answers a commit once "applied", or once "durable"
+    ack: str = "durable"          # the peer answers a commit once "durable" (its journal), or once "applied"
 
     def at_node(self, node: str, where: str) -> PeerConfig:
         """This peer as one node of ours reaches it: the sshd of the peer node that holds
@@ -358,7 +358,7 @@ def _peer(name: str, p: dict, where: str, rel, tz) -> PeerConfig:
               (("max_syncs", 0, 0), ("connections", 2, 1), ("max_stripes", 16, 1), ("window", 2 << 20, 32 << 10),
                ("stripes", 0, 0))}
     bwlimit, bwschedule = parse_cap(p.get("bwlimit", 0), where, tz)
-    ack = p.get("ack", "applied")
+    ack = p.get("ack", "durable")
     if ack not in ACKS:
         raise ConfigInvalid(where=where, reason=f"ack = {ack!r}: expected one of {', '.join(ACKS)}")
     return PeerConfig(ack=ack, name=name, host=p.get("host", ""), port=int(p.get("port", 22)), user=p.get("user", "root"),

@@ -80,9 +80,9 @@ class Peer(ABC):
     name: str = "peer"
     session_key = None
     link: LinkHints = LinkHints()
-    # when the peer answers a sync's commit: "applied" (the replica is at the generation) or
-    # "durable" (its journal and commit marker are; the apply follows the answer)
-    ack: str = "applied"
+    # when the peer answers a sync's commit: "durable" (its journal and commit marker are
+    # durable; the apply follows the answer) or "applied" (the replica is at the generation)
+    ack: str = "durable"
 
     def lane(self, i: int) -> Peer:
         """The peer over its i-th connection (0: this one). A transport with one connection

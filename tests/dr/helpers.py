@@ -9,6 +9,7 @@ import grpc
 from drsvc.layout import PoolLayout
 from drsvc.replication.control.relationship import find_control
 from drsvc.replication.common.unit_state import find_state
+from drsvc.replication.receiver import wait_for_apply
 from drsvc_lab import wait_until
 from tests.fixtures.sites import image_sha
 
@@ -28,6 +29,9 @@ def write_random(site, volume_id, *, count=16, size=64 << 10, seed=None) -> int:
 
 
 def generation(site, unit_id) -> int:
+    """The unit's generation at *site* as a reader there sees it: a peer acking at its commit
+    marker records the generation once applied, after its answer."""
+    wait_for_apply(PoolLayout(site.pool), unit_id)
     st = find_state(site.pool, unit_id)
     return st.generation if st else 0
 

@@ -16,6 +16,8 @@ from pathlib import Path
 import grpc
 import pytest
 
+from drsvc.layout import PoolLayout
+from drsvc.replication.receiver import wait_for_applies
 from csi_plugin.gen import csi_pb2, csi_pb2_grpc, volumegroup_pb2
 from drsvc_lab import Lab
 from drsvc_cli.client import DrClient, RpcFailed
@@ -217,6 +219,9 @@ def test_csi_snapshots_appear_at_the_peer_restore_there_and_go_with_the_origin(p
     snap_sha = file_sha(sa.pool / "snapshots" / f"{snap.snapshot_id}.img")
     _write(sa, vid, b"after the snapshot", 2)
     sync(a, **unit)          # ships the snapshot as a generation, then the live data
+    # b records the snapshot as it applies, a moment after its answer; the csi-snapshotter
+    # reads the content again until it is ready to use
+    wait_for_applies(PoolLayout(sb.pool))
 
     got = B.controller.ListSnapshots(csi_pb2.ListSnapshotsRequest(snapshot_id=snap.snapshot_id)).entries
     assert len(got) == 1

@@ -28,6 +28,7 @@ from drsvc.layout import PoolLayout
 from drsvc.replication.control.scrub import Scrub
 from drsvc.replication.points.index import read_meta, undo_map
 from drsvc.replication.common.unit_state import find_state
+from drsvc.replication.receiver import wait_for_apply
 from drsvc_cli.client import DrClient, RpcFailed
 from drsvc_cli.main import main as cli
 from tests.dr.helpers import generation, wait_for, write_random
@@ -128,6 +129,7 @@ def test_a_flipped_byte_is_found_refuses_a_promote_and_the_repair_sends_one_bloc
         assert b.status(volume_id=vid)["status"] == "VERIFY_FAILED"         # until the repair commits
         assert find_state(sb.pool, vid).repair["runs"] == {vid: [[off - off % BS, BS] for off in offsets]}
         a.until_done(lambda: a.sync_now(volume_id=vid, wait=60), wait=90)
+        wait_for_apply(PoolLayout(sb.pool), vid)     # b records the repair's end once applied
         # the next delta re-sends the differing blocks by name, nothing else: one block per
         # flipped byte (the data block as data, the block of zeros as a zero record); the
         # primary's one-flight begin was refused once, for the status that names them

@@ -15,7 +15,8 @@ import grpc
 from csi_plugin.gen import admin_pb2, admin_pb2_grpc
 from drsvc import store
 from drsvc.replication.sender import receiver_client
-from drsvc.replication import sync_unit
+from drsvc.replication import peer_status, sync_unit
+from drsvc.replication.receiver import wait_for_applies
 from drsvc.layout import PoolLayout
 from drsvc.replication.control.peers import link_of
 from drsvc.replication.common.unit_state import find_state
@@ -28,6 +29,11 @@ from tests.fixtures.sites import image_sha
 from .tally import TALLY
 
 MiB = 1 << 20
+# the receiver's failpoints a peer with ack = "durable" reaches after its answer (the apply,
+# the recovery point's undo copy and pruning, the receive record)
+AFTER_DURABLE_ANSWER = frozenset({"receiver.mid_apply", "receiver.after_apply", "receiver.after_state",
+                                  "points.mid_undo", "points.after_fold", "points.before_index",
+                                  "points.after_index"})
 
 
 def file_sha(path) -> str:
@@ -70,6 +76,7 @@ def check_converged(src, dst, unit_id, volume_ids, *, settle: float = 30.0) -> N
     replica and not yet been adopted by the primary, for a moment: the replica is then one
     generation ahead. So the check is repeated for up to *settle* seconds before a
     difference counts as lost; a real loss does not go away."""
+    replay_committed(src, dst, unit_id)
     deadline = time.monotonic() + settle
     while True:
         acked = find_state(src.pool, unit_id).generation
@@ -89,6 +96,25 @@ def check_converged(src, dst, unit_id, volume_ids, *, settle: float = 30.0) -> N
         raise AssertionError(f"{unit_id}: primary acked generation {acked}, replica holds "
                              f"{st.generation if st else None}" + (" with other data" if st else ""))
     check_maps(dst, unit_id)
+
+
+def killed_after_answer(site, unit_id) -> bool:
+    """After a sync that returned: whether its receiver at *site* died after answering. A
+    peer that acknowledges at its commit marker (``ack = "durable"``) applies after the
+    answer, under the unit's lock; one killed there keeps the committed journal for the
+    next contact to replay."""
+    lay = PoolLayout(site.pool)
+    wait_for_applies(lay)
+    return (lay.journal_dir(unit_id) / "commit.json").exists()
+
+
+def replay_committed(src, dst, unit_id) -> None:
+    """The next contact, where *dst* holds a committed journal: what an acked generation
+    whose receiver died before its apply needs before its replica holds it (a promote's
+    takeover replays it the same way)."""
+    if killed_after_answer(dst, unit_id):
+        with peer_of(src, dst.name) as p:
+            peer_status(p, unit_id)
 
 
 def check_maps(site, unit_id) -> None:

@@ -29,8 +29,8 @@ from drsvc.replication.points.index import Index, build_image
 from drsvc.replication.common.unit_state import find_state
 from tests.dr.helpers import generation, wait_for, write_random
 
-from .steps import (MiB, Generations, check_converged, file_sha, peer_of, reissue, set_receiver_failpoints,
-                    sync_now)
+from .steps import (MiB, Generations, check_converged, file_sha, killed_after_answer, peer_of, reissue,
+                    set_receiver_failpoints, sync_now)
 from .tally import TALLY, fault
 
 PRUNE_POINTS = ("points.after_fold", "points.mid_undo", "points.before_index", "points.after_index",
@@ -66,12 +66,13 @@ def prune_kills(lab, rnd, rounds):
     write_random(sa, vol, count=64, size=64 << 10, seed=vol)
     gens, shas = Generations(), {}
 
-    def sync(grid):
+    def sync(grid, ack=None):
         """The test never writes between this record and the sync, so whatever generations
         the sync makes (a pending one finalized, then a new one) hold these bytes."""
         sha, before = gens.record(sa, vol), generation(sa, vol)
         try:
             with peer_of(sa) as p:
+                p.ack = ack or p.ack
                 sync_unit(sa.pool, vol, [vol], p, origin=_origin(grid))
         finally:
             for g in range(before + 1, max(generation(sa, vol), before + 1) + 1):   # killed: pending
@@ -95,12 +96,20 @@ def prune_kills(lab, rnd, rounds):
                      seed=rnd.random())
         set_receiver_failpoints(lab, "b", [point])
         try:
-            sync(grid)
-        except DrsvcError:
-            killed[point] += 1
-            fault()
-            set_receiver_failpoints(lab, "b", ())
-            sync(grid)                          # the next contact replays, then the sync finishes
+            try:
+                # the undo copy made as the records arrive serves a peer that answers once
+                # applied; one acking at its commit marker copies after its answer
+                sync(grid, ack="applied" if point == "points.mid_undo_ahead" else None)
+                # a peer acking at its commit marker prunes after its answer: killed there, the
+                # sync is acked and the committed journal waits for the next contact
+                hit = killed_after_answer(sb, vol)
+            except DrsvcError:
+                hit = True
+            if hit:
+                killed[point] += 1
+                fault()
+                set_receiver_failpoints(lab, "b", ())
+                sync(grid)                      # the next contact replays, then the sync finishes
         finally:
             set_receiver_failpoints(lab, "b", ())
         check_converged(sa, sb, vol, [vol])

@@ -11,7 +11,7 @@ import time
 import pytest
 import redis
 
-from drsvc.errors import DrsvcError
+from drsvc.errors import DrsvcError, OperationInProgress
 from drsvc.replication import peer_status, sync_unit
 from drsvc.layout import PoolLayout
 from drsvc.replication.sender.base_store import generation_image
@@ -19,8 +19,8 @@ from tests.dr.helpers import generation, wait_for, write_random
 from tests.fixtures.sites import image_sha
 from workers import inflight
 
-from .steps import (MiB, engine_volume, Generations, check_converged, file_sha, kill_receivers, peer_of, receiver_pids,
-                    set_receiver_failpoints, sync_now)
+from .steps import (AFTER_DURABLE_ANSWER, MiB, engine_volume, Generations, check_converged, file_sha,
+                    kill_receivers, killed_after_answer, peer_of, receiver_pids, set_receiver_failpoints, sync_now)
 from .tally import fault
 
 POINTS = ("receiver.before_commit", "receiver.after_commit_marker", "receiver.after_apply",
@@ -39,16 +39,42 @@ def _contact(lab, vol):
         peer_status(p, vol)                 # the next contact: replays a committed journal
 
 
-def _killed_sync(lab, vol, point):
-    """A sync of *vol* whose receiver at b dies at *point* (a failed sync, one fault)."""
-    sa = lab.sites["a"]
+def _killed_sync(lab, vol, point) -> bool:
+    """A sync of *vol* whose receiver at b dies at *point* (one fault); whether it was
+    answered first. A point before the answer fails the sync. A peer that acknowledges at
+    its commit marker (the default ``ack``) reaches the apply's points after its answer: the
+    sync is acked, and the kill leaves its committed journal for the next contact."""
+    sa, sb = lab.sites["a"], lab.sites["b"]
     set_receiver_failpoints(lab, "b", [point])
     try:
-        with peer_of(sa) as p, pytest.raises(DrsvcError):
-            sync_unit(sa.pool, vol, [vol], p)
+        with peer_of(sa) as p:
+            answered = p.ack == "durable" and point in AFTER_DURABLE_ANSWER
+            failed = _sync_past_the_worker(sa, vol, p)
+            if answered:
+                assert failed is None, f"{point}: the sync failed before its answer: {failed}"
+                assert killed_after_answer(sb, vol), f"{point}: the receiver outlived its answer"
+            else:
+                assert failed is not None, f"{point}: the sync was not killed"
         fault()
+        return answered
     finally:
         set_receiver_failpoints(lab, "b", ())
+
+
+def _sync_past_the_worker(site, vol, peer, wait: float = 60.0) -> DrsvcError | None:
+    """The test's sync of *vol*, once no sync of the site's own worker holds the unit (one a
+    repair request started); the error it ended with, if any."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            sync_unit(site.pool, vol, [vol], peer)
+            return None
+        except OperationInProgress:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+        except DrsvcError as e:
+            return e
 
 
 def commit_point_kills(lab, rnd, rounds):
@@ -62,11 +88,13 @@ def commit_point_kills(lab, rnd, rounds):
         write_random(sa, vol, count=rnd.randint(1, 24), size=rnd.choice([4096, 64 << 10]),
                      seed=rnd.random())
         gens.record(sa, vol)
-        _killed_sync(lab, vol, point)
+        answered = _killed_sync(lab, vol, point)
         got = gens.check_whole(sb, vol)
-        # what was on the wire: the pending generation (a resumed one may predate `new`)
+        # what was on the wire: the acked generation if answered, else the pending one (a
+        # resumed one may predate `new`)
         with tempfile.TemporaryDirectory(dir=sa.pool) as scratch:
-            sent = file_sha(generation_image(PoolLayout(sa.pool), vol, generation(sa, vol) + 1, vol, scratch))
+            sent = file_sha(generation_image(PoolLayout(sa.pool), vol, generation(sa, vol) + (not answered), vol,
+                                             scratch))
         if point in ("receiver.after_apply", "receiver.after_state"):
             assert got == sent, f"{point}: the applied generation is not in the image"
         if point == "receiver.after_commit_marker" and rnd.random() < 0.5:
@@ -151,10 +179,18 @@ def worker_path_kills(lab, rnd, rounds):
         write_random(sa, vol, count=rnd.randint(1, 16), seed=rnd.random())
         gens.record(sa, vol)
         target = generation(sa, vol) + 1
-        set_receiver_failpoints(lab, "b", [rnd.choice(POINTS)])
+        point = rnd.choice(POINTS)
+        set_receiver_failpoints(lab, "b", [point])
         try:
             threading.Thread(target=_quiet, args=(sync_now, A, vol, 2), daemon=True).start()
-            wait_for(lambda ctl=ctl, failures=failures: _failures(ctl) > failures, 90, interval=0.05, what="the killed sync to fail")
+            if lab.sites["a"].cfg.peer("b").ack == "durable" and point in AFTER_DURABLE_ANSWER:
+                # answered, then killed in the apply: acked, its journal left for the next contact
+                wait_for(lambda target=target: generation(sa, vol) >= target, 90, interval=0.05,
+                         what="the answered sync")
+                assert killed_after_answer(sb, vol), f"{point}: the receiver outlived its answer"
+            else:
+                wait_for(lambda ctl=ctl, failures=failures: _failures(ctl) > failures, 90, interval=0.05,
+                         what="the killed sync to fail")
             fault()
         finally:
             set_receiver_failpoints(lab, "b", ())

@@ -95,7 +95,9 @@ def test_secondary_degrades_when_primary_is_silent_and_recovers(lab):
     # the contract: one receive record per committed generation, newest last
     st = find_state(sb.pool, vol)
     rec = st.received[-1]
-    assert set(rec) == {"generation", "txid", "received_at", "duration_s", "bytes", "captured_at"}
+    # after_answer: what a peer acking at its commit marker did once it had answered
+    assert set(rec) == {"generation", "txid", "received_at", "duration_s", "bytes", "captured_at", "after_answer"}
+    assert set(rec["after_answer"]) == {"undo_wait_s", "apply_s", "undo_s", "undo_ahead_s", "behind_s"}
     assert rec["generation"] == st.generation and rec["txid"] == st.txid and rec["bytes"] > 0
     assert rec["captured_at"] <= rec["received_at"] and rec["duration_s"] >= 0
     assert [r["generation"] for r in st.received] == sorted(r["generation"] for r in st.received)

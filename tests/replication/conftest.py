@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from drsvc.layout import PoolLayout
+from drsvc.replication.receiver import wait_for_applies
 from tests.fixtures.xfs import loop_mounted_fs
 
 _ids = itertools.count()
@@ -28,8 +30,12 @@ def new_sites(root: Path):
 
 def sha(path) -> str:
     """A digest of the content of an image: holes and zero blocks hash alike, and
-    holes are never read (so an 8 GiB thin image is cheap to compare)."""
+    holes are never read (so an 8 GiB thin image is cheap to compare). An image of a pool
+    that receives is read once the peer's apply is done, as every reader there waits for it."""
     from drsvc.replication.common.blockmap import ZERO, hash_image
+    pool = Path(path).parent.parent
+    if Path(path).parent.name == "images" and (pool / "replication").is_dir():
+        wait_for_applies(PoolLayout(pool))
     blocks = {}
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -63,6 +69,10 @@ def make_image(path, size, extents=()):
 
 
 def same_images(a: Path, b: Path, vols) -> None:
+    """*b*'s replicas equal *a*'s images. A peer answers at its commit marker and applies
+    after the answer, holding the unit's lock: the comparison first waits for that apply,
+    as every reader of a replica at the peer does."""
+    wait_for_applies(PoolLayout(b))
     for v in vols:
         pa, pb = a / "images" / f"{v}.img", b / "images" / f"{v}.img"
         assert os.path.getsize(pa) == os.path.getsize(pb), v

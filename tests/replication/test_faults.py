@@ -224,25 +224,36 @@ def test_kill_receiver_at_random_times(xfs_mod):
     assert resumed >= 1
 
 
+@pytest.mark.parametrize("ack", ["durable", "applied"])
 @pytest.mark.parametrize("point", ["receiver.before_commit", "receiver.after_commit_marker",
                                    "receiver.mid_apply", "receiver.after_apply", "receiver.after_state"])
-def test_kill_receiver_at_commit_points(xfs_mod, point):
+def test_kill_receiver_at_commit_points(xfs_mod, point, ack):
     """kill -9 at each commit point of the single-write apply (data.bin ranges reflinked
     into the image); mid_apply leaves the image a mix of generations until the next
-    contact replays the committed journal."""
+    contact replays the committed journal. A peer that acks at its commit marker answers
+    before the apply: a kill in it fails nothing, and the generation is acked."""
     a, b, img, _ = _seed(xfs_mod, LocalPeer)
     old = sha(b / "images" / "v.img")
     gen = get_state(a, "v").generation
     write_at(img, 5 * MiB, os.urandom(MiB))
     write_at(img, 12 * MiB, os.urandom(256 << 10))     # a second record: mid_apply lands between
     faulty = LocalPeer(b, env={"DRSVC_FAILPOINTS": point})
-    with pytest.raises(DrsvcError):
-        sync_unit(a, "v", ["v"], faulty)
+    faulty.ack = ack
+    answered = ack == "durable" and point not in ("receiver.before_commit", "receiver.after_commit_marker")
+    if answered:
+        assert sync_unit(a, "v", ["v"], faulty).target_generation == gen + 1
+    else:
+        with pytest.raises(DrsvcError):
+            sync_unit(a, "v", ["v"], faulty)
+    faulty.last_proc.wait(timeout=30)
+    assert faulty.last_proc.returncode == -signal.SIGKILL      # the failpoint was reached
     got = _check_after_fault(a, b, LocalPeer(b), old, gen)
     # once the commit marker is durable, the next contact completes the generation
     assert (got != old) == (point != "receiver.before_commit")
     r = _converge(a, b, LocalPeer(b))
-    if point != "receiver.before_commit":
+    if answered:            # the status before it replayed the journal: nothing was pending
+        assert r.steps == ["sync"] and r.records == 0
+    elif point != "receiver.before_commit":
         assert r.steps == ["finalize", "sync"] and r.records == 0
 
 

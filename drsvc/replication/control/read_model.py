@@ -18,6 +18,7 @@ from ...layout import PoolLayout
 from ...schedule import assess
 from ..common import unit_state
 from ..points import index as points
+from ..receiver.replica import wait_for_apply
 from .health import secondary_health
 from .record_cache import RecordCache
 from .relationship import Control, control_from_origin, find_control
@@ -254,9 +255,11 @@ class ReplicationStatus:
 
     def points(self, unit: Unit):
         """The unit's recovery points at this site, oldest first, and the space they take
-        (drsvc.replication.points.listing): one read of the unit's index."""
+        (drsvc.replication.points.listing): one read of the unit's index, once a generation
+        acked at its commit marker is applied (its point is made by that apply)."""
         self.require_enabled(unit)
         layout = PoolLayout(self.pool)
+        wait_for_apply(layout, unit.unit_id)
         pts, space = points.listing(layout, unit.unit_id, unit.members)
         idx = points.Index.find(layout, unit.unit_id)
         return pts, space, (idx.grid if idx else "")

@@ -20,6 +20,6 @@ from __future__ import annotations
 from ..common.exports import lazy_exports
 
 _EXPORTS = {"main": "program", "round_state": "replica", "settle_round": "replica", "recover": "replica",
-            "wait_for_applies": "replica"}
+            "wait_for_applies": "replica", "wait_for_apply": "replica"}
 __getattr__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted(_EXPORTS)

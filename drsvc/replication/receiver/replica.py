@@ -132,9 +132,17 @@ def wait_for_applies(layout: PoolLayout) -> list[str]:
     test's comparison of images."""
     units = sorted(p.parent.parent.name for p in layout.replication.glob("*/journal/commit.json"))
     for unit_id in units:
-        with UnitLock(layout, unit_id):
-            pass
+        wait_for_apply(layout, unit_id)
     return units
+
+
+def wait_for_apply(layout: PoolLayout, unit_id: str) -> bool:
+    """Wait until no receiver is applying the unit's committed journal (``wait_for_applies``,
+    for one unit); whether the unit had one."""
+    if not layout.journal_commit(unit_id).exists():
+        return False
+    with UnitLock(layout, unit_id):
+        return True
 
 def status_of(layout: PoolLayout, unit_id: str, journal: Journal | None = None) -> dict:
     st = find_state(layout.root, unit_id)

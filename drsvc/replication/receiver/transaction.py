@@ -259,6 +259,10 @@ class Transaction:
         self.undo: UndoAhead | None = None   # the recovery point's undo copy, made as records arrive
         self.begun = threading.Event()   # begin decided (journal ready, or refused): stripes may read
         self.pool_is_full = False        # the transaction ended for a full pool
+        # the unit's state here before this transaction (None: its first copy, which answers
+        # once applied whatever the ack: it overwrites nothing, so no undo copy is on its path,
+        # and the unit exists here as soon as the sender's enable returns)
+        self.prior = find_state(layout.root, tx["unit"])
         self._lock = threading.Lock()
 
     def run(self, reader: FrameReader, out: Replies) -> Journal:
@@ -389,13 +393,13 @@ class Transaction:
             failpoint("receiver.after_prepare")
             out.control({"type": "prepared", "txid": tx["txid"], "target": tx["target"], "round": tx["round"]})
             return j
-        if tx["ack"] == "durable" and not tx["demote"]:
+        if tx["ack"] == "durable" and not tx["demote"] and self.prior is not None:
             return self._answer_then_apply(out)
         return self._apply_then_answer(out)
 
     def _apply_then_answer(self, out: Replies) -> Journal:
-        """Applied and recorded before the answer (the peer's ``ack`` "applied", and always a
-        Demote's final transaction: its answer lets the unit's lock go, ``ApplyConversation``,
+        """Applied and recorded before the answer (the peer's ``ack`` "applied", a unit's
+        first copy here, and always a Demote's final transaction: its answer lets the unit's lock go, ``ApplyConversation``,
         and the Promote that comes right after it must find the replica at the target)."""
         tx, j = self.tx, self.journal
         t_undo = time.monotonic()
@@ -441,10 +445,9 @@ class Transaction:
         j.mark_committed(j.chain.count, j.chain.hexdigest())
         failpoint("receiver.after_commit_marker")
         t_answer = time.monotonic()
-        prior = find_state(self.layout.root, tx["unit"])
         self.committed = True
         out.control({"type": "committed", "generation": tx["target"], "txid": tx["txid"],
-                     "epoch": max(prior.epoch if prior is not None else 0, tx["epoch"]),
+                     "epoch": max(self.prior.epoch, tx["epoch"]),
                      "sync_s": round(t_answer - t_sync, 4), "applies": "after-answer"})
         early = self.undo.finish() if self.undo is not None else {}
         t_apply = time.monotonic()

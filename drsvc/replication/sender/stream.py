@@ -60,7 +60,7 @@ def stream(session: Session, prepared: Prepared, report: SyncReport, *, unit_id:
     tx = transaction(meta, kind=kind, epoch=epoch, demote=demote, origin=origin, two_phase=two_phase)
     planned = int(meta["changed"] if feed is None else meta["estimate"])
     tx["planned_bytes"] = planned       # a receiver that runs out of space says how much was needed
-    tx["ack"] = getattr(session.peer, "ack", "applied")
+    tx["ack"] = getattr(session.peer, "ack", "durable")
     # an early plan's records apply in plan order (``capture_feed``): one channel keeps that order
     ordered = meta.get("ordered") or (feed is not None and meta.get("early"))
     n = _stripe_count(session, planned, link or session.peer.link, bwlimit) if v4 and not ordered else 1

@@ -320,10 +320,13 @@ def test_a_point_of_another_release_is_read_by_its_known_keys():
 
 
 def test_the_sync_report_shows_the_peers_undo_copy(xfs_mod):
-    """The peer's answer carries what its commit spent copying the overwritten ranges into
-    the newest point's undo log (``peer_undo_s``, part of ``peer_apply_s``); nothing is
-    copied where the grid keeps no point."""
+    """A peer that answers once applied (``ack = "applied"``): its answer carries what its
+    commit spent copying the overwritten ranges into the newest point's undo log
+    (``peer_undo_s``, part of ``peer_apply_s``); nothing is copied where the grid keeps no
+    point. (One acking at its commit marker keeps these in its receive record:
+    test_durable_ack.)"""
     u = Unit(xfs_mod, seed=5)
+    u.peer.ack = "applied"
     reports = []
     for grid in ("1x1000w(keep=all)", "1x1000w(keep=all)", "none"):
         reports.append(sync_unit(u.a, u.unit, u.vols, u.peer, origin=origin(grid)))

@@ -47,16 +47,19 @@ def test_the_answer_comes_before_the_apply_and_every_point_still_rebuilds(xfs_mo
     """The answer carries no apply time (it did not wait for one); the receive record
     carries what followed it; a status right after the sync, in a process of its own,
     already reads the new generation (it waits on the unit's lock); and every recovery
-    point rebuilds to the bytes shipped at its generation."""
+    point rebuilds to the bytes shipped at its generation. A unit's first copy overwrites
+    nothing: it answers once applied, so the unit is known at the peer when it returns."""
     a, b = new_sites(xfs_mod)
     img = a / "images" / "v.img"
     rnd = random.Random(7)
     make_image(img, 16 * MiB, [(0, rnd.randbytes(16 * MiB))])
     peer = durable(b)
     gens, shas = [], {}
-    for _ in range(4):
+    for i in range(4):
         r = sync_unit(a, "v", ["v"], peer, origin=GRID)
-        assert "peer_sync_s" in r.phases and "peer_apply_s" not in r.phases
+        assert "peer_sync_s" in r.phases and ("peer_apply_s" in r.phases) == (i == 0)
+        if i == 0:
+            assert get_state(b, "v").generation == r.target_generation     # read without any lock
         assert peer_status(LocalPeer(b), "v")["generation"] == r.target_generation
         gens.append(r.target_generation)
         shas[r.target_generation] = shipped(a, r.target_generation)   # the sender keeps only its base
@@ -121,14 +124,14 @@ def test_a_demote_is_applied_before_its_answer(xfs_mod):
 
 
 def test_ack_is_a_peer_setting(tmp_path):
-    """``ack`` in a [peers.<name>] table reaches the Peer; anything but the two values is a
-    clear configuration error."""
+    """``ack`` in a [peers.<name>] table reaches the Peer ("durable" unless it says so);
+    anything but the two values is a clear configuration error."""
     def site(ack_line: str):
         cfg = tmp_path / "drsvc.toml"
         cfg.write_text(f'site = "a"\npool = "{tmp_path / "pool"}"\n[peers.b]\ntransport = "local"\n'
                        f'pool = "{tmp_path / "b"}"\n{ack_line}\n')
         return load_config(cfg)
-    assert connect(site("").peer("b")).ack == "applied"
-    assert connect(site('ack = "durable"').peer("b")).ack == "durable"
+    assert connect(site("").peer("b")).ack == "durable"
+    assert connect(site('ack = "applied"').peer("b")).ack == "applied"
     with pytest.raises(ConfigInvalid, match="ack"):
         site('ack = "eventually"')

@@ -11,7 +11,9 @@ import pytest
 
 from drsvc.errors import ImageInUse
 from drsvc.host import loop
+from drsvc.layout import PoolLayout
 from drsvc.replication import sync_unit
+from drsvc.replication.receiver import wait_for_applies
 from drsvc.replication.receiver.image_guard import writable_holders
 from drsvc.replication.common.unit_state import get_state
 from tests.fixtures.xfs import need
@@ -31,6 +33,7 @@ def site(xfs_mod, sshd_factory):
     make_image(img, 32 * MiB)
     subprocess.run(["mkfs.ext4", "-q", "-F", str(img)], check=True)
     sync_unit(a, "v", ["v"], s.peer())
+    wait_for_applies(PoolLayout(b))      # the replica exists once applied, after the answer
     return s
 
 
