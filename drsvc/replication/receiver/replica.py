@@ -144,6 +144,7 @@ def wait_for_apply(layout: PoolLayout, unit_id: str) -> bool:
     with UnitLock(layout, unit_id):
         return True
 
+
 def status_of(layout: PoolLayout, unit_id: str, journal: Journal | None = None) -> dict:
     st = find_state(layout.root, unit_id)
     msg = {"type": "status", "unit": unit_id, "exists": st is not None, "role": "secondary",

@@ -398,9 +398,10 @@ class Transaction:
         return self._apply_then_answer(out)
 
     def _apply_then_answer(self, out: Replies) -> Journal:
-        """Applied and recorded before the answer (the peer's ``ack`` "applied", a unit's
-        first copy here, and always a Demote's final transaction: its answer lets the unit's lock go, ``ApplyConversation``,
-        and the Promote that comes right after it must find the replica at the target)."""
+        """Applied and recorded before the answer: the peer's ``ack`` "applied", a unit's
+        first copy here, and always a Demote's final transaction (its answer lets the unit's
+        lock go, ``ApplyConversation``, and the Promote that comes right after it must find
+        the replica at the target)."""
         tx, j = self.tx, self.journal
         t_undo = time.monotonic()
         early = self.undo.finish() if self.undo is not None else {}
