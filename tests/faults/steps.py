@@ -16,7 +16,7 @@ from csi_plugin.gen import admin_pb2, admin_pb2_grpc
 from drsvc import store
 from drsvc.replication.sender import receiver_client
 from drsvc.replication import peer_status, sync_unit
-from drsvc.replication.receiver import wait_for_applies
+from drsvc.replication.receiver import wait_for_apply
 from drsvc.layout import PoolLayout
 from drsvc.replication.control.peers import link_of
 from drsvc.replication.common.unit_state import find_state
@@ -104,8 +104,12 @@ def killed_after_answer(site, unit_id) -> bool:
     answer, under the unit's lock; one killed there keeps the committed journal for the
     next contact to replay."""
     lay = PoolLayout(site.pool)
-    wait_for_applies(lay)
-    return (lay.journal_dir(unit_id) / "commit.json").exists()
+    return wait_for_apply(lay, unit_id) and lay.journal_commit(unit_id).exists()
+
+
+def answers_before(ack: str, point: str) -> bool:
+    """Whether a peer with *ack* answers a sync before its receiver reaches *point*."""
+    return ack == "durable" and point in AFTER_DURABLE_ANSWER
 
 
 def replay_committed(src, dst, unit_id) -> None:

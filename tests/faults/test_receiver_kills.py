@@ -19,8 +19,8 @@ from tests.dr.helpers import generation, wait_for, write_random
 from tests.fixtures.sites import image_sha
 from workers import inflight
 
-from .steps import (AFTER_DURABLE_ANSWER, MiB, engine_volume, Generations, check_converged, file_sha,
-                    kill_receivers, killed_after_answer, peer_of, receiver_pids, set_receiver_failpoints, sync_now)
+from .steps import (MiB, answers_before, engine_volume, Generations, check_converged, file_sha, kill_receivers,
+                    killed_after_answer, peer_of, receiver_pids, set_receiver_failpoints, sync_now)
 from .tally import fault
 
 POINTS = ("receiver.before_commit", "receiver.after_commit_marker", "receiver.after_apply",
@@ -48,7 +48,7 @@ def _killed_sync(lab, vol, point) -> bool:
     set_receiver_failpoints(lab, "b", [point])
     try:
         with peer_of(sa) as p:
-            answered = p.ack == "durable" and point in AFTER_DURABLE_ANSWER
+            answered = answers_before(p.ack, point)
             failed = _sync_past_the_worker(sa, vol, p)
             if answered:
                 assert failed is None, f"{point}: the sync failed before its answer: {failed}"
@@ -183,7 +183,7 @@ def worker_path_kills(lab, rnd, rounds):
         set_receiver_failpoints(lab, "b", [point])
         try:
             threading.Thread(target=_quiet, args=(sync_now, A, vol, 2), daemon=True).start()
-            if lab.sites["a"].cfg.peer("b").ack == "durable" and point in AFTER_DURABLE_ANSWER:
+            if answers_before(sa.cfg.peer("b").ack, point):
                 # answered, then killed in the apply: acked, its journal left for the next contact
                 wait_for(lambda target=target: generation(sa, vol) >= target, 90, interval=0.05,
                          what="the answered sync")

@@ -144,9 +144,9 @@ def import_ahead(tx: dict) -> None:
     start_import_ahead()
 
 
-def validate_begin(layout: PoolLayout, tx: dict) -> None:
+def validate_begin(layout: PoolLayout, tx: dict, st) -> None:
+    """Refuse a begin the replica is not ready for; *st* is the unit's state here."""
     unit_id = tx["unit"]
-    st = find_state(layout.root, unit_id)
     role = st.role if st else "secondary"
     if role == "primary":
         raise ReplicaIsPrimary(unit_id=unit_id)
@@ -259,10 +259,10 @@ class Transaction:
         self.undo: UndoAhead | None = None   # the recovery point's undo copy, made as records arrive
         self.begun = threading.Event()   # begin decided (journal ready, or refused): stripes may read
         self.pool_is_full = False        # the transaction ended for a full pool
-        # the unit's state here before this transaction (None: its first copy, which answers
-        # once applied whatever the ack: it overwrites nothing, so no undo copy is on its path,
-        # and the unit exists here as soon as the sender's enable returns)
-        self.prior = find_state(layout.root, tx["unit"])
+        # the unit's state here before this transaction, read at its begin (None: its first
+        # copy, which answers once applied whatever the ack: it overwrites nothing, so no undo
+        # copy is on its path, and the unit exists here as soon as the sender's enable returns)
+        self.prior = None
         self._lock = threading.Lock()
 
     def run(self, reader: FrameReader, out: Replies) -> Journal:
@@ -308,7 +308,8 @@ class Transaction:
     def begin(self, out: Replies) -> None:
         tx, j = self.tx, self.journal
         try:
-            validate_begin(self.layout, tx)
+            self.prior = find_state(self.layout.root, tx["unit"])
+            validate_begin(self.layout, tx, self.prior)
             if j.tx and j.prepared():
                 raise RoundUndecided(unit_id=tx["unit"], target=j.tx["target"], round=j.tx.get("round"))
         except REFUSALS as e:
