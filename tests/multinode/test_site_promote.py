@@ -96,8 +96,9 @@ def test_promote_all_at_a_multi_node_controller(lab):
 
 
 def _wait_home(lab, A, where: dict, gid: str) -> None:
-    def why(pending):
-        print(json.dumps({u: _why(lab, u, where[u]) for u in pending}, indent=1, default=str))
+    def why(pending):       # a group's every part: one part's sync may hold up the other's
+        print(json.dumps({f"{u}@{n}": _why(lab, u, n) for u in pending
+                          for n in (lab.nodes if u == gid else [where[u]])}, indent=1, default=str))
     wait_each_ready(lambda u: resync_ready(A, u, gid), where, 120, "every unit at a resynced from b",
                     on_timeout=why)
 

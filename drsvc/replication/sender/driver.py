@@ -30,7 +30,7 @@ from ...transport import LinkHints, Peer
 from ...transport.bandwidth import Bandwidth
 from ..common.unit_state import UnitState
 from .generation import Prepared
-from .group_rounds import Cut
+from .group_rounds import Cut, abandon
 from .reports import SyncReport
 
 log = logging.getLogger(__name__)
@@ -140,10 +140,13 @@ class Attempt:
         return d
 
     def drop_early(self) -> None:
+        """Let go of the generation captured while connecting, which no step took; for a part
+        of a spanning group, the round it cut is aborted with it (``group_rounds.abandon``)."""
         if self.early is not None:
-            self.early.stop()        # a plan still being written stops first
-            shutil.rmtree(self.early.dir, ignore_errors=True)
-            self.early = None
+            early, self.early = self.early, None
+            early.stop()             # a plan still being written stops first
+            shutil.rmtree(early.dir, ignore_errors=True)
+            abandon(self.job.cut, early.meta.get("round"))
 
 
 class Step(Protocol):

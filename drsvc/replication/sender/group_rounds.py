@@ -32,7 +32,12 @@ This module is the interface; the site's Redis implements it at the edge
 """
 from __future__ import annotations
 
+import logging
 from typing import Protocol
+
+from ...errors import DrsvcError
+
+log = logging.getLogger(__name__)
 
 
 class Cut(Protocol):
@@ -51,3 +56,18 @@ class Cut(Protocol):
 
     def decision(self, round_id: str) -> bool:
         """The round's decision; a round left undecided is aborted now (presumed abort)."""
+
+
+def abandon(cut: Cut | None, round_id: str | None) -> None:
+    """This part cut *round_id* and will not send its generation (it failed after the cut,
+    or dropped a capture its plan did not take): abort the round, so that a part which
+    prepared it stops waiting for this vote at once instead of the vote's whole wait, its
+    unit's lock held all along. Safe whenever this part has not voted: without its vote the
+    round cannot have been decided commit. Best effort: with the broker away, the other
+    parts' votes time out as before."""
+    if cut is None or not round_id:
+        return
+    try:
+        cut.fail(round_id)
+    except DrsvcError as e:
+        log.warning("round %s could not be aborted (%s); the other parts' votes time out", round_id, e.message)

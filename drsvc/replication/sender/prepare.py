@@ -35,7 +35,7 @@ from . import changes as planner
 from .base_store import base_meta, mark_intent
 from .capture import Captured, capture
 from .generation import Planning, Prepared
-from .group_rounds import Cut
+from .group_rounds import Cut, abandon
 from .records import PlanWriter, ScanStats, scan_member
 
 log = logging.getLogger(__name__)
@@ -184,6 +184,7 @@ def prepare(layout: PoolLayout, st: UnitState, members, *, mounts: MountsHeld = 
             captured = follow.captured
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)      # nothing half-captured stays (a cut not met, a lost image)
+        abandon(cut, timings.get("round"))          # a cut met, then the capture failed
         raise
     meta = {**head, "members": [_member_head(captured[vol], baseline) for vol in members],
             "capture_s": time.monotonic() - t0, "freeze_s": timings.get("freeze_s", 0.0),
@@ -192,8 +193,12 @@ def prepare(layout: PoolLayout, st: UnitState, members, *, mounts: MountsHeld = 
             "ranges_cloned": sum(c.cloned for c in captured.values()),
             "captured_at": timings.get("frozen_at", head["captured_at"]), "sources": bool(sources)}
     meta["estimate"] = sum(_estimate(captured[m["volume_id"]], m) for m in meta["members"])
-    return _planned(layout, st, tmp, meta, [captured[vol] for vol in members], baseline,
-                    pipelined=pipelined, wire_rate=wire_rate)
+    try:
+        return _planned(layout, st, tmp, meta, [captured[vol] for vol in members], baseline,
+                        pipelined=pipelined, wire_rate=wire_rate)
+    except BaseException:
+        abandon(cut, meta["round"])
+        raise
 
 
 def _planned(layout: PoolLayout, st: UnitState, tmp: Path, meta: dict, caps: list[Captured], baseline: Baseline,

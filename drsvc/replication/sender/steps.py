@@ -24,6 +24,7 @@ from ...transport.bandwidth import rate_of
 from .base_store import Preroll, adopt, mark_intent
 from .driver import Attempt, Job, Refused
 from .generation import Prepared
+from .group_rounds import abandon
 from .prepare import prepare
 from .progress import progress_path
 from .stream import stream
@@ -185,8 +186,8 @@ class Ship(Step):
             self._send(a, at_trailer=rolling.start)
         except BaseException:
             rolling.join()
-            if j.cut is not None and a.prepared is not None:
-                j.cut.fail(rid)      # the others need not wait for a vote that will not come
+            if a.prepared is not None:
+                abandon(j.cut, rid)      # the others need not wait for a vote that will not come
             raise
         prepared = a.prepared
         a.report.phases["prepare_s"] = round(meta.get("capture_s", 0) + meta.get("plan_s", 0), 4)

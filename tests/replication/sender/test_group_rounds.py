@@ -19,7 +19,7 @@ from drsvc.errors import NotGroupConsistent, RoundAborted
 from drsvc.replication import sync_unit
 from drsvc.layout import PoolLayout
 from drsvc.replication.receiver.replica import round_state, settle_round
-from drsvc.replication.common.unit_state import find_state
+from drsvc.replication.common.unit_state import find_state, request_resync
 from drsvc.transport.local import LocalPeer
 from tests.ops.conftest import redis_port  # noqa: F401 - the fixture
 from workers.client import RedisCut
@@ -54,7 +54,8 @@ def part(span, node, **kw):
                      LocalPeer(span["pools"]["b", node], name=f"b-{node}"), kind="group", **kw)
 
 
-def both(span, demote=False, **kw):
+def both(span, demote=False, *, within: float | None = None, **kw):
+    """Both parts' syncs at once; *within*: the seconds they must both end in."""
     out, errs = {}, {}
 
     def run(n):
@@ -62,11 +63,12 @@ def both(span, demote=False, **kw):
             out[n] = part(span, n, demote=demote, cut=cut(span, n, demote=demote, **kw))
         except Exception as e:  # noqa: BLE001 - compared by the test
             errs[n] = e
-    threads = [threading.Thread(target=run, args=(n,)) for n in NODES]
+    threads = [threading.Thread(target=run, args=(n,), daemon=True) for n in NODES]
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(within)
+    assert not any(t.is_alive() for t in threads), f"a part still syncing after {within}s: {out}, {errs}"
     return out, errs
 
 
@@ -117,6 +119,28 @@ def test_a_part_that_cannot_prepare_aborts_the_round_everywhere(span):
     assert gens(span, "b")["n1"] == 1
     assert round_state(PoolLayout(span["pools"]["b", "n1"]), GROUP)["prepared"] is None
     assert gens(span, "a") == {"n1": 1, "n2": 1}
+
+
+def test_a_part_that_drops_the_capture_it_cut_aborts_the_round_at_once(span):
+    """Each part captures while its session opens, and that capture meets the cut. Here n2's
+    peer node asks for a compare sync, so n2's plan drops that capture and cuts anew. n1's
+    peer prepared the round they met at. n2 aborts that round as it drops its capture, and n1
+    gets the abort at once. Otherwise n1 would wait out its vote's wait (here ten minutes),
+    holding its unit's lock, so that no later round of the group could start."""
+    assert not both(span)[1]
+    request_resync(span["pools"]["b", "n2"], GROUP)
+    for n in NODES:
+        write_at(span["pools"]["a", n] / "images" / f"{span['vols'][n]}.img", 0, os.urandom(8192))
+    out, errs = both(span, vote_wait=600, within=120)
+    assert isinstance(errs.get("n1"), RoundAborted), (out, errs)
+    assert isinstance(errs.get("n2"), NotGroupConsistent), (out, errs)   # its compare's cut, met by no one
+    assert gens(span, "b") == gens(span, "a") == {"n1": 1, "n2": 1}
+    assert round_state(PoolLayout(span["pools"]["b", "n1"]), GROUP)["prepared"] is None
+    request_resync(span["pools"]["b", "n1"], GROUP)    # the group's resync, asked on every part
+    out, errs = both(span)                       # n1's lock is free: both compare, and meet
+    assert not errs, errs
+    assert gens(span, "b") == {"n1": 2, "n2": 2}
+    same(span)
 
 
 def _kill_after_vote(span, node):
