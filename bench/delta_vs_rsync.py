@@ -243,6 +243,9 @@ def parse(argv=None) -> argparse.Namespace:
                     help="the peer's pool on the primary's XFS, or on one of its own (the disk stays shared)")
     ap.add_argument("--ack", choices=("applied", "durable"), default="durable",
                     help="the peer's ack ([peers.<name>] ack): durable answers before the apply")
+    ap.add_argument("--roll", choices=("behind", "inline"), default="behind",
+                    help="the sender's base rolls forward after the sync returns (as a worker's job "
+                         "syncs), or before it returns")
     ap.add_argument("--warm", action="store_true",
                     help="leave page caches as they are (default: every run starts cold)")
     ap.add_argument("--drop-caches", choices=("files", "global"), default="files",

@@ -81,13 +81,18 @@ class Pair:
         return self.a / "images" / f"{unit}.img"
 
     def sync(self, unit: str, grid: str) -> dict:
+        """One sync, timed to its return; then, untimed, the peer's apply that a durable ack
+        leaves behind the answer (its point and its costs are read next)."""
         from drsvc.replication import sync_unit
+        from drsvc.replication.receiver import wait_for_apply
         t = time.monotonic()
         try:
             rep = sync_unit(self.a, unit, [unit], self.peer, origin=origin(grid))
         finally:
             self.peer.close()                 # as a job does; the login stays cached
-        return {"wall_s": time.monotonic() - t, "report": rep.to_dict()}
+        wall = time.monotonic() - t
+        wait_for_apply(PoolLayout(self.b), unit)
+        return {"wall_s": wall, "report": rep.to_dict()}
 
     def costs(self, unit: str) -> dict:
         return json.loads(PoolLayout(self.b).points_costs(unit).read_text())

@@ -53,7 +53,8 @@ def serve(args) -> None:
         req = json.loads(line)
         t = time.monotonic()
         try:
-            rep = sync_unit(req["pool"], req["unit"], req.get("members") or [req["unit"]], peer)
+            rep = sync_unit(req["pool"], req["unit"], req.get("members") or [req["unit"]], peer,
+                            roll_behind=args.roll == "behind")
             out = {"wall_s": time.monotonic() - t, "report": rep.to_dict(), "rss": vm_hwm(os.getpid())}
         except Exception as e:  # noqa: BLE001 - reported to the parent, which fails the bench
             out = {"error": f"{type(e).__name__}: {e}"}
@@ -66,8 +67,9 @@ def serve(args) -> None:
 class SyncWorker:
     """The parent's handle on a bench worker process (a context manager)."""
 
-    def __init__(self, site, sock_dir: Path, *, link_rate: float = 0.0, ack: str = "applied"):
-        self.site, self.link_rate, self.ack = site, link_rate, ack
+    def __init__(self, site, sock_dir: Path, *, link_rate: float = 0.0, ack: str = "applied",
+                 roll: str = "inline"):
+        self.site, self.link_rate, self.ack, self.roll = site, link_rate, ack, roll
         self.path = Path(sock_dir) / f"worker-{os.getpid()}-{time.monotonic_ns()}.sock"
         self.proc = None
         self.f = None
@@ -76,7 +78,8 @@ class SyncWorker:
         self.proc = runner.spawn([sys.executable, "-m", "bench.worker", "--socket", self.path,
                                   "--port", self.site.port, "--key", self.site.client_key,
                                   "--known-hosts", self.site.known_hosts,
-                                  "--link-rate", str(self.link_rate), "--ack", self.ack], cwd=REPO)
+                                  "--link-rate", str(self.link_rate), "--ack", self.ack,
+                                  "--roll", self.roll], cwd=REPO)
         deadline = time.monotonic() + 60
         s = socket.socket(socket.AF_UNIX)
         while True:
@@ -107,7 +110,19 @@ class SyncWorker:
             raise RuntimeError(f"sync of {unit} failed: {out['error']}")
         if self.ack == "durable":
             out["report"]["phases"].update(self._after_answer(unit))
+        if self.roll == "behind":
+            out["report"]["phases"].update(self._after_return(pool, unit))
         return out
+
+    @staticmethod
+    def _after_return(pool, unit: str) -> dict:
+        """The base rolled behind the sync's return: wait for it before anything else is
+        timed (phase ``roll_behind_wait_s``, the part of it left once the reply got here)."""
+        from drsvc.layout import PoolLayout
+        from drsvc.replication.sender import wait_for_roll
+        t = time.monotonic()
+        wait_for_roll(PoolLayout(pool), unit)
+        return {"roll_behind_wait_s": round(time.monotonic() - t, 4)}
 
     def _after_answer(self, unit: str) -> dict:
         """A durable ack: wait for the peer's apply before anything else is timed, and take
@@ -144,6 +159,8 @@ def main(argv=None) -> int:
     ap.add_argument("--known-hosts", required=True)
     ap.add_argument("--link-rate", type=float, default=0.0, help="the peer's link_rate (bytes/s; 0: unset)")
     ap.add_argument("--ack", choices=("applied", "durable"), default="durable", help="the peer's ack")
+    ap.add_argument("--roll", choices=("behind", "inline"), default="behind",
+                    help="the base rolls forward after the sync returns, as a worker's job syncs, or before")
     serve(ap.parse_args(argv))
     return 0
 
@@ -160,7 +177,8 @@ def case_worker(ctx, res):
     the receivers serving it go to *res*."""
     from .rss import PeakRss, receiver_of
     rate = ctx.link.rate if ctx.link is not None else 0.0     # set as the README tells operators to
-    with PeakRss(receiver_of(ctx.b)) as rr, SyncWorker(ctx.site, ctx.tmp, link_rate=rate, ack=ctx.args.ack) as w:
+    with PeakRss(receiver_of(ctx.b)) as rr, SyncWorker(ctx.site, ctx.tmp, link_rate=rate, ack=ctx.args.ack,
+                                                        roll=ctx.args.roll) as w:
         res.extra["warm"] = w.warm
         out = w.sync(ctx.a, ctx.warmup_unit)
         res.extra["warmup_connect_s"] = round(out["report"]["phases"].get("connect_s", 0.0), 4)

@@ -160,6 +160,11 @@ class PoolLayout:
         and released several times within one)."""
         return self.unit_dir(unit_id) / ".role.lock"
 
+    def roll_lock_path(self, unit_id: str) -> Path:
+        """Held while the sender's base rolls forward after a sync has returned
+        (``sender.base_store.roll_behind``); a reader of the base waits for it."""
+        return self.unit_dir(unit_id) / ".roll.lock"
+
     def snap_root(self, unit_id: str) -> Path:
         return self.unit_dir(unit_id) / "snap"
 

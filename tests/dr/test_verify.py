@@ -25,6 +25,7 @@ import grpc
 import pytest
 
 from drsvc.layout import PoolLayout
+from drsvc.replication.sender.base_store import wait_for_roll
 from drsvc.replication.control.scrub import Scrub
 from drsvc.replication.points.index import read_meta, undo_map
 from drsvc.replication.common.unit_state import find_state
@@ -140,6 +141,7 @@ def test_a_flipped_byte_is_found_refuses_a_promote_and_the_repair_sends_one_bloc
         assert rep["bytes_on_wire"] < 4 * BS + (16 << 10), rep
         assert not find_state(sb.pool, vid).repair
         acked = find_state(sa.pool, vid).generation
+        wait_for_roll(PoolLayout(sa.pool), vid)     # the worker rolls its base after the sync returns
         assert file_sha(PoolLayout(sa.pool).snap_dir(vid, acked) / f"{vid}.img") == image_sha(sb, vid)
         st = b.status(volume_id=vid)
         assert st["status"] != "VERIFY_FAILED" and not st["verify"]["failed"], st

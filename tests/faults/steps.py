@@ -18,6 +18,7 @@ from drsvc.replication.sender import receiver_client
 from drsvc.replication import peer_status, sync_unit
 from drsvc.replication.receiver import wait_for_apply
 from drsvc.layout import PoolLayout
+from drsvc.replication.sender.base_store import wait_for_roll
 from drsvc.replication.control.peers import link_of
 from drsvc.replication.common.unit_state import find_state
 from drsvc.transport import ssh
@@ -81,6 +82,7 @@ def check_converged(src, dst, unit_id, volume_ids, *, settle: float = 30.0) -> N
     while True:
         acked = find_state(src.pool, unit_id).generation
         st = find_state(dst.pool, unit_id)
+        wait_for_roll(PoolLayout(src.pool), unit_id)    # a worker rolls its base after the sync returns
         snap = PoolLayout(src.pool).snap_dir(unit_id, acked)
         try:
             same = st is not None and st.generation == acked and all(

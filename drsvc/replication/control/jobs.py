@@ -194,9 +194,10 @@ class ReplicationJobs:
                 sync_unit(self.pool, c.unit_id, members, peer, kind=c.kind, bandwidth=self._limiter(c),
                           origin=self._origin(c, ships, ship.point), sources=ship.sources)
                 self._shipped(c, ship.snapshot_id, ships)
+            # a worker lives on: the base rolls forward behind the return, off the sync's time
             report = sync_unit(self.pool, c.unit_id, members, peer, mounts=self._mounts(members),
                                demote=demote, kind=c.kind, bandwidth=self._limiter(c),
-                               origin=self._origin(c, ships), cut=cut)
+                               origin=self._origin(c, ships), cut=cut, roll_behind=True)
         except OperationInProgress:
             raise
         except SplitBrain as e:

@@ -132,6 +132,9 @@ def _snapshot_fds(layout: PoolLayout, unit_id: str, generation: int, out: Replie
             recover(layout, unit_id)             # a committed journal is applied first
         st = get_state(layout.root, unit_id)
         if st.role == "primary":                 # the acked snapshot, not the live image
+            # whole once the roll behind the sync that acked it is done (it takes no other lock)
+            with store.file_lock(layout.roll_lock_path(unit_id), key=unit_id):
+                pass
             snap = layout.snap_dir(unit_id, generation)
             path_of = lambda vol: snap / f"{check_id(vol, 'volume id')}.img"   # noqa: E731
             held = (snap / "meta.json").exists()

@@ -25,7 +25,7 @@ from ..common.exports import lazy_exports
 
 _EXPORTS = {
     "sync_unit": "sync", "verify_unit": "verify", "release_unit": "base_store",
-    "generation_image": "base_store",
+    "generation_image": "base_store", "wait_for_roll": "base_store",
     "peer_status": "receiver_client", "release_peer": "receiver_client", "hello": "receiver_client",
     "warm": "receiver_client", "discard_idle": "receiver_client",
     "SyncReport": "reports", "VerifyReport": "reports", "progress_of": "progress",

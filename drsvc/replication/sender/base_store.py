@@ -8,7 +8,14 @@
 Every function is safe to repeat, and the order of side effects makes a retry
 converge: the rename to ``snap/<G+1>`` records the intent before anything is
 sent; ``adopt`` records the new generation in state.json, then rolls the base
-forward, then drops the old base (``recover`` finishes an adopt cut short).
+forward, then drops the old base (``ensure_whole_base`` finishes an adopt cut short).
+
+A worker's sync returns once the generation is recorded: the roll and the old base's
+removal go on behind it on a thread (``roll_behind``), under the unit's roll lock
+(``PoolLayout.roll_lock_path``), and nothing else. Whatever reads the base next waits for
+that lock first (``ensure_whole_base``: the next sync's sweep, a verify, a generation's
+image), so the peer's answer is not held back by a local rename and a cold roll. The
+roller takes no other lock, so waiting for it cannot deadlock.
 
 Rolling the base forward is one FICLONERANGE per range the generation changed (2,600 for
 1% of 1 GiB: 0.1 s). ``Preroll`` does it while the peer commits (from the trailer on), into a
@@ -19,6 +26,7 @@ The reflink of the whole base costs per extent of it (``worth_rolling_ahead``).
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import shutil
@@ -61,7 +69,7 @@ def load_pending(layout: PoolLayout, unit_id: str, acked: int) -> Prepared | Non
 
 def sweep(layout: PoolLayout, unit_id: str, acked: int, pending: Prepared | None) -> None:
     """Remove snapshot dirs that are neither the acked base nor the pending generation."""
-    recover(layout, unit_id, acked)
+    ensure_whole_base(layout, unit_id, acked)
     keep = {str(acked)} | ({str(acked + 1)} if pending else set())
     root = layout.snap_root(unit_id)
     if not root.exists():
@@ -176,7 +184,7 @@ class Preroll:
 def _roll(layout: PoolLayout, unit_id: str, gen_dir: Path, meta: dict) -> None:
     """Give every overlay member of an adopted generation its whole image: the one rolled
     ahead (``preroll``), else the base image rolled forward in place, then moved in.
-    Repeat-safe (see recover)."""
+    Repeat-safe (see ensure_whole_base)."""
     base_dir = layout.snap_dir(unit_id, meta["base_generation"])
     renamed = moved = False          # a rolled-ahead image renamed in; a base image moved out
     for m in _overlays_to_roll(gen_dir, meta):
@@ -200,21 +208,67 @@ def _roll(layout: PoolLayout, unit_id: str, gen_dir: Path, meta: dict) -> None:
             (gen_dir / f"{m['volume_id']}{suffix}").unlink(missing_ok=True)
 
 
-def recover(layout: PoolLayout, unit_id: str, acked: int) -> None:
-    """Finish an adopt cut short between recording the generation and rolling its base."""
-    if acked <= 0:
+def ensure_whole_base(layout: PoolLayout, unit_id: str, acked: int) -> None:
+    """The acked base *acked* with every member's whole image, before it is read: a roll
+    still running behind an earlier sync's return is waited for (``roll_behind``), and an
+    adopt cut short between recording the generation and rolling its base is finished."""
+    if acked <= 0 or not layout.unit_dir(unit_id).is_dir():
         return
-    d = layout.snap_dir(unit_id, acked)
-    meta = store.read_doc(d / "meta.json")
-    if meta and any(m.get("overlay") and not (d / f"{m['volume_id']}.img").exists()
-                    for m in meta["members"]):
-        log.warning("%s: finishing the adopt of generation %d", unit_id, acked)
-        _roll(layout, unit_id, d, meta)
+    with store.file_lock(layout.roll_lock_path(unit_id), key=unit_id):
+        d = layout.snap_dir(unit_id, acked)
+        meta = store.read_doc(d / "meta.json")
+        if meta and any(m.get("overlay") and not (d / f"{m['volume_id']}.img").exists()
+                        for m in meta["members"]):
+            log.warning("%s: finishing the adopt of generation %d", unit_id, acked)
+            _roll(layout, unit_id, d, meta)
+
+
+def wait_for_roll(layout: PoolLayout, unit_id: str) -> None:
+    """Until no roll runs behind a sync's return (the unit's roll lock is free)."""
+    if layout.unit_dir(unit_id).is_dir():
+        with store.file_lock(layout.roll_lock_path(unit_id), key=unit_id):
+            pass
+
+
+_BEHIND: set[threading.Thread] = set()
+
+
+def roll_behind(layout: PoolLayout, unit_id: str, gen_dir: Path, meta: dict, old: int, rolling: Preroll) -> None:
+    """The rest of an adopt (the preroll joined, the base rolled in, the old base dropped)
+    on a thread, under the unit's roll lock, taken here before the caller returns. A
+    failure leaves it to the next ``ensure_whole_base``; so does a process that exits
+    under it, though one that exits normally finishes its rolls first."""
+    lock = store.file_lock(layout.roll_lock_path(unit_id), key=unit_id)
+    lock.__enter__()
+
+    def run() -> None:
+        try:
+            rolling.join()
+            _roll(layout, unit_id, gen_dir, meta)
+            if old != meta["generation"]:
+                _rmtree(layout.snap_dir(unit_id, old))
+        except Exception as e:  # noqa: BLE001 - the next reader of the base finishes it
+            log.warning("%s: generation %s not rolled in after the sync (%s); the next sync rolls it",
+                        unit_id, meta.get("generation"), e)
+        finally:
+            lock.__exit__(None, None, None)
+            _BEHIND.discard(thread)
+    thread = threading.Thread(target=run, name=f"roll-{unit_id}", daemon=True)
+    _BEHIND.add(thread)
+    thread.start()
+
+
+@atexit.register
+def _finish_rolls() -> None:
+    for t in list(_BEHIND):
+        t.join()
 
 
 def adopt(layout: PoolLayout, st: UnitState, prepared: Prepared, *, epoch: int, peer_name: str,
-          demote: bool = False, report: dict | None = None) -> None:
-    """Record that the peer holds the prepared generation; it becomes the new base."""
+          demote: bool = False, report: dict | None = None, behind: Preroll | None = None) -> None:
+    """Record that the peer holds the prepared generation; it becomes the new base.
+    *behind*: the generation's preroll, still running; the base then rolls forward after
+    the return (``roll_behind``). A demote rolls it before, as its block maps come from it."""
     meta = prepared.meta
     old = st.generation
     st.generation = meta["generation"]
@@ -231,6 +285,11 @@ def adopt(layout: PoolLayout, st: UnitState, prepared: Prepared, *, epoch: int, 
     save_state(layout.root, st)
     if demote:          # no longer primary here: the scheduler drops it
         schedule_changes.mark(layout.root, st.unit_id)
+    if behind is not None and not demote:
+        roll_behind(layout, st.unit_id, prepared.dir, meta, old, behind)
+        return
+    if behind is not None:
+        behind.join()
     _roll(layout, st.unit_id, prepared.dir, meta)
     if old != st.generation:
         _rmtree(layout.snap_dir(st.unit_id, old))
@@ -247,6 +306,7 @@ def generation_image(layout: PoolLayout, unit_id: str, generation: int, vol: str
     """A whole image of *vol* at a kept generation (the acked base or the pending one):
     the file itself, or for a pending overlay a reflink of the base rolled forward
     into *scratch*."""
+    wait_for_roll(layout, unit_id)
     d = layout.snap_dir(unit_id, generation)
     if (d / f"{vol}.img").exists():
         return d / f"{vol}.img"
@@ -264,7 +324,8 @@ def release_unit(pool, unit_id: str) -> bool:
     d = layout.unit_dir(unit_id)
     if not d.exists():
         return False
-    with store.file_lock(layout.lock_path(unit_id), blocking=False, key=unit_id):
+    with store.file_lock(layout.lock_path(unit_id), blocking=False, key=unit_id), \
+            store.file_lock(layout.roll_lock_path(unit_id), key=unit_id):
         store.remove(layout.state_path(unit_id))
         for child in d.iterdir():
             if child.name != ".lock":

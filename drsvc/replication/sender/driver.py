@@ -61,6 +61,7 @@ class Job:
     bandwidth: Bandwidth | None = None   # the one limiter every channel of the session sends through
     origin: dict | None = None
     cut: Cut | None = None        # one node's part of a group spanning nodes (replication.cut)
+    roll_behind: bool = False     # the base rolls forward after the return (base_store.roll_behind)
     sources: dict | None = None   # volume id -> file captured instead of the live image (a CSI snapshot)
     link: LinkHints | None = None  # striping hints (None: the peer's own, ``Peer.link``)
 

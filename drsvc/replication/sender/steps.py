@@ -203,16 +203,18 @@ class Ship(Step):
             a.session.decide(meta["txid"], commit)
             if not commit:
                 self._drop(a, prepared, "did not prepare it in time")
+        behind = j.roll_behind and not j.demote
         t = time.monotonic()
-        rolling.join()
-        # preroll_s: the base's roll forward, beside the stream; roll_wait_s: what of it was not
-        a.report.phases["preroll_s"] = round(rolling.seconds, 4)
+        if not behind:
+            rolling.join()
+            # preroll_s: the base's roll forward, beside the stream; roll_wait_s: what of it was not
+            a.report.phases["preroll_s"] = round(rolling.seconds, 4)
         a.report.phases["roll_wait_s"] = round(time.monotonic() - t, 4)
         failpoint("sender.after_commit")
         a.report.duration_s = time.monotonic() - a.t0
         t = time.monotonic()
         adopt(j.layout, a.st, prepared, epoch=j.epoch, peer_name=j.peer.name, demote=j.demote,
-              report=a.report_so_far())
+              report=a.report_so_far(), behind=rolling if behind else None)
         a.report.phases["adopt_s"] = round(time.monotonic() - t, 4)
         a.prepared = None
 

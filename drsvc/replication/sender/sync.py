@@ -88,7 +88,8 @@ def sync_unit(pool, unit_id: str, members, peer, *, mounts: MountsHeld = no_moun
               block_size: int | None = None, bwlimit: float | None = None,
               compress: str = "auto", origin: dict | None = None, attempts: int = 1,
               cut: Cut | None = None, bandwidth: Bandwidth | None = None,
-              link: LinkHints | None = None, sources: dict | None = None) -> SyncReport:
+              link: LinkHints | None = None, sources: dict | None = None,
+              roll_behind: bool = False) -> SyncReport:
     """Replicate one volume or group to *peer* and return the report (also kept in state.json).
 
     members: the volume ids of the unit (one for a volume unit). mounts: holds the
@@ -106,6 +107,9 @@ def sync_unit(pool, unit_id: str, members, peer, *, mounts: MountsHeld = no_moun
     the worker's jobs give the unit's and the site's limits in one); bwlimit, bytes per
     second, adds a bucket of this call's own in front of it.
     link: striping hints (how many channels a large generation takes; None: ``peer.link``).
+    roll_behind: return once the generation is recorded, and roll the base forward on a
+    thread of this process (``base_store.roll_behind``): for a long-lived caller, as a worker
+    is. The unit's lock is free at the return; the next reader of the base waits for the roll.
     """
     if mode not in MODES:
         raise InvalidParameter(key="mode", reason=f"must be one of {MODES}")
@@ -125,6 +129,7 @@ def sync_unit(pool, unit_id: str, members, peer, *, mounts: MountsHeld = no_moun
         report.epoch = epoch = st.epoch if epoch is None else epoch
         job = Job(layout, unit_id, members, peer, mounts=mounts, epoch=epoch,
                   demote=demote, mode=mode, compress=compress, origin=origin, cut=cut, link=link,
+                  roll_behind=roll_behind,
                   bandwidth=combine(TokenBucket(bwlimit) if bwlimit else None, bandwidth), sources=sources)
         planner = SyncPlanner(lambda: _primary_state(pool, unit_id, members, kind=kind, epoch=epoch,
                                                      block_size=block_size))

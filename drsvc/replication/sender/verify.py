@@ -11,6 +11,7 @@ from ...layout import PoolLayout
 from ..common.blockmap import DIGEST, BlockMap, hash_image
 from ..common.unit_state import get_state
 from . import changes as planner
+from .base_store import ensure_whole_base
 from .receiver_client import fetch_maps, peer_status
 from .reports import VerifyReport
 
@@ -45,6 +46,7 @@ def verify_unit(pool, unit_id: str, peer, *, block_size: int | None = None) -> V
         if st.generation == 0:
             raise ReplicationConflict(unit_id=unit_id, reason="nothing acknowledged yet")
         bs = block_size or st.block_size
+        ensure_whole_base(layout, unit_id, st.generation)
         snap = layout.snap_dir(unit_id, st.generation)
         peer_st = peer_status(peer, unit_id)
         rep = VerifyReport(unit_id=unit_id, generation=st.generation,

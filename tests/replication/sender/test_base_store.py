@@ -189,3 +189,85 @@ def test_the_preroll_starts_once_every_record_is_out(xfs_mod, monkeypatch):
     assert events == ["records out", "preroll"]
     assert rep.phases["preroll_s"] > 0 and sha(layout.snap_dir("v", 2) / "v.img") == sha(img)
     same_images(a, b, ["v"])
+
+
+def _gated_preroll(monkeypatch):
+    """The preroll held until the returned event is set: a roll that outlasts the sync."""
+    import threading
+    gate, real = threading.Event(), base_store.preroll
+
+    def preroll(*args, **kw):
+        assert gate.wait(60), "the gate was never opened"
+        return real(*args, **kw)
+    monkeypatch.setattr(base_store, "preroll", preroll)
+    return gate
+
+
+def test_a_worker_sync_returns_before_its_base_rolls_and_the_next_reader_waits(xfs_mod, monkeypatch):
+    """roll_behind (as a worker's job syncs): the call returns once the peer holds the
+    generation and this end recorded it, with the roll still running under the unit's roll
+    lock and the unit's lock free. The next sync waits for that roll before it reads the
+    base, and plans its delta against the rolled base."""
+    import threading
+    from drsvc.errors import OperationInProgress
+    from drsvc import store
+    a, b, img, peer, layout = _seeded(xfs_mod)
+    gate = _gated_preroll(monkeypatch)
+    rep = sync_unit(a, "v", ["v"], peer, roll_behind=True)
+    assert rep.target_generation == 2 and get_state(a, "v").generation == 2
+    assert rep.phases["roll_wait_s"] < 1 and "preroll_s" not in rep.phases
+    with pytest.raises(OperationInProgress), store.file_lock(layout.roll_lock_path("v"), blocking=False, key="v"):
+        pass                                                         # the roller holds it
+    assert not (layout.snap_dir("v", 2) / "v.img").exists()          # not rolled in yet
+    write_at(img, 3 * MiB, os.urandom(MiB))
+    nxt = {}
+    t = threading.Thread(target=lambda: nxt.update(rep=sync_unit(a, "v", ["v"], peer)))
+    t.start()
+    t.join(0.5)
+    assert t.is_alive() and "rep" not in nxt                        # waiting for the roll
+    gate.set()
+    t.join(60)
+    assert nxt["rep"].bytes_changed == MiB and nxt["rep"].target_generation == 3
+    assert not layout.snap_dir("v", 1).exists() and not layout.snap_dir("v", 2).exists()
+    assert sha(layout.snap_dir("v", 3) / "v.img") == sha(img) and _leftovers(layout.snap_dir("v", 3)) == []
+    same_images(a, b, ["v"])
+
+
+def test_a_roll_behind_that_failed_is_finished_by_the_next_sync(xfs_mod, monkeypatch, caplog):
+    """The roller's failure is only logged: the generation is recorded, and the next reader
+    of the base (here the next sync's sweep) rolls it in place."""
+    a, b, img, peer, layout = _seeded(xfs_mod)
+    real = base_store._roll
+    calls = []
+
+    def roll_once_failing(*args, **kw):
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError(5, "injected")
+        return real(*args, **kw)
+    monkeypatch.setattr(base_store, "_roll", roll_once_failing)
+    with caplog.at_level(logging.WARNING):
+        sync_unit(a, "v", ["v"], peer, roll_behind=True)
+        base_store.wait_for_roll(layout, "v")
+    assert "not rolled in after the sync" in caplog.text
+    assert get_state(a, "v").generation == 2 and not (layout.snap_dir("v", 2) / "v.img").exists()
+    rep = sync_unit(a, "v", ["v"], peer)
+    assert len(calls) == 3 and rep.target_generation == 3       # finished by the sweep, then its own
+    assert sha(layout.snap_dir("v", 3) / "v.img") == sha(img)
+    same_images(a, b, ["v"])
+
+
+def test_a_process_that_exits_after_a_roll_behind_finishes_it_first(xfs_mod):
+    """The roll still running as the caller's process ends (here held a second past the
+    return): the process finishes it before it exits."""
+    import subprocess
+    import sys
+    a, b, img, peer, layout = _seeded(xfs_mod)
+    code = ("import time; from drsvc.replication import sync_unit; from drsvc.transport.local import LocalPeer; "
+            "from drsvc.replication.sender import base_store; real = base_store.preroll; "
+            "base_store.preroll = lambda *a, **k: (time.sleep(1), real(*a, **k)); "
+            f"sync_unit({str(a)!r}, 'v', ['v'], LocalPeer({str(b)!r}), roll_behind=True)")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120,
+                   cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+    assert get_state(a, "v").generation == 2
+    assert sha(layout.snap_dir("v", 2) / "v.img") == sha(img) and not layout.snap_dir("v", 1).exists()
