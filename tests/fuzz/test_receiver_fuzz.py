@@ -9,13 +9,13 @@ import io
 import os
 import shutil
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from drsvc import runner
 from drsvc.replication.wire import frames
 from drsvc.replication import sync_unit
 from drsvc.replication.wire.frames import CODEC_RAW, CODEC_ZERO, CODEC_ZSTD, FrameReader, ManifestChain
@@ -89,8 +89,9 @@ def fresh_replica(pools) -> Path:
 
 
 def run_receiver(pool: Path, data: bytes, verb=("apply",)) -> tuple[int, list]:
-    p = subprocess.run([sys.executable, "-m", "drsvc.replication.receiver", "--pool", str(pool), *verb],
-                       input=data, capture_output=True, timeout=60)
+    """The receiver started as the lab's sshd starts it (``runner.module_without_site``)."""
+    argv, path = runner.module_without_site("drsvc.replication.receiver", "--pool", str(pool), *verb)
+    p = subprocess.run(argv, input=data, capture_output=True, timeout=60, env={**os.environ, "PYTHONPATH": path})
     return p.returncode, _frames(p.stdout)
 
 
