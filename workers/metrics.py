@@ -105,11 +105,18 @@ class UnitLines:
 
     def __init__(self, site: str, unit_id: str, kind: str, peer: str):
         self.labels = {"kind": kind, "peer": peer, "site": site, "unit": unit_id}
+        # the unit's labels escaped once: a unit's page has ~30 lines, each of them all four
+        self._pairs = sorted((k, f'{k}="{label_value(v)}"') for k, v in self.labels.items())
+        self._body = ",".join(text for _, text in self._pairs)
         self._by_value: dict[tuple, str] = {}
 
     def name_labels(self, family: str, extra: tuple[str, str] | None = None) -> str:
-        pairs = sorted({**self.labels, **dict([extra] if extra else [])}.items())
-        body = ",".join(f'{k}="{label_value(v)}"' for k, v in pairs)
+        if extra is None:
+            body = self._body
+        else:
+            key, value = extra
+            pairs = sorted([*(p for p in self._pairs if p[0] != key), (key, f'{key}="{label_value(value)}"')])
+            body = ",".join(text for _, text in pairs)
         return f"{series_name(family)}{{{body}}}"
 
     def line(self, family: str, value, extra: tuple[str, str] | None = None) -> str:
