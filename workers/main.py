@@ -51,7 +51,9 @@ def worker_main(argv=None) -> int:
               "api": cfg.api_queue(args.node) if args.role == "api" else ""}[args.role]
     pool = ["-P", "threads"] if args.role == "api" else []   # its calls wait on the node's jobs
     wargs = ["worker", "-Q", queues, *pool, "-c", str(args.concurrency), "-l", args.loglevel, "-E",
+             "--heartbeat-interval", str(EVENT_HEARTBEAT_S),
              "-n", args.hostname or f"{worker_name(cfg, args.role)}@%h", "--without-gossip", "--without-mingle"]
+    idle_less()
     keep_worker_titles("worker", cfg, "" if args.role == "data" else args.role)
     if args.role in ("data", "control"):
         keep_peers_warm(cfg)
@@ -80,6 +82,19 @@ def preload(role: str) -> None:
     for name in PRELOAD[role]:
         importlib.import_module(name)
     gc.freeze()
+
+
+# An idle worker's wake-ups. Redis answers the BRPOP a worker waits in as soon as a task is
+# queued; the timeout only bounds one wait before kombu sends it again, and kombu's 1 s made
+# every idle worker wake and send a command each second. The worker-heartbeat events carry
+# their interval, which Flower reads to tell an offline worker (after two missed).
+IDLE_POLL_S = 5
+EVENT_HEARTBEAT_S = 10
+
+
+def idle_less() -> None:
+    from kombu.transport import redis as kombu_redis
+    kombu_redis.Transport.brpop_timeout = IDLE_POLL_S
 
 
 WARM_EVERY = 300.0       # seconds; a warm receiver is dropped after receiver_client.IDLE_TTL (600) unused
