@@ -53,7 +53,7 @@ def worker_main(argv=None) -> int:
     wargs = ["worker", "-Q", queues, *pool, "-c", str(args.concurrency), "-l", args.loglevel, "-E",
              "--heartbeat-interval", str(EVENT_HEARTBEAT_S),
              "-n", args.hostname or f"{worker_name(cfg, args.role)}@%h", "--without-gossip", "--without-mingle"]
-    idle_less()
+    set_idle_poll()
     keep_worker_titles("worker", cfg, "" if args.role == "data" else args.role)
     if args.role in ("data", "control"):
         keep_peers_warm(cfg)
@@ -92,7 +92,7 @@ IDLE_POLL_S = 5
 EVENT_HEARTBEAT_S = 10
 
 
-def idle_less() -> None:
+def set_idle_poll() -> None:
     from kombu.transport import redis as kombu_redis
     kombu_redis.Transport.brpop_timeout = IDLE_POLL_S
 

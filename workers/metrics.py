@@ -104,9 +104,9 @@ class UnitLines:
     points change seldom; only the lag is formatted at every scrape)."""
 
     def __init__(self, site: str, unit_id: str, kind: str, peer: str):
-        self.labels = {"kind": kind, "peer": peer, "site": site, "unit": unit_id}
+        labels = {"kind": kind, "peer": peer, "site": site, "unit": unit_id}
         # the unit's labels escaped once: a unit's page has ~30 lines, each of them all four
-        self._pairs = sorted((k, f'{k}="{label_value(v)}"') for k, v in self.labels.items())
+        self._pairs = sorted((k, f'{k}="{label_value(v)}"') for k, v in labels.items())
         self._body = ",".join(text for _, text in self._pairs)
         self._by_value: dict[tuple, str] = {}
 
